@@ -1,0 +1,41 @@
+# Every target sets up the project .venv on first use (pip takes torch 2.13.0 from the local CPU wheel).
+PY      := .venv/bin/python
+STAMP   := .venv/.installed
+CONFIG  ?= configs/local.yaml
+
+.PHONY: setup demo test test-all bench lint report clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv .venv
+	$(PY) -m pip install -q -U pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+## Train the embedded default locally: synthetic corpus, 2 CPU workers, W&B offline.
+demo: $(STAMP)
+	WANDB_MODE=$${WANDB_MODE:-offline} $(PY) -m jobs.train --config $(CONFIG)
+
+## Default test suite (unit + local Ray), well under 20 minutes on 2 cores.
+test: $(STAMP)
+	WANDB_MODE=disabled $(PY) -m pytest -q -m "not slow"
+
+## Everything, including the slow fault-injection suites.
+test-all: $(STAMP)
+	WANDB_MODE=disabled $(PY) -m pytest -q
+
+## Benchmarks: writes BENCHMARKS.md, benchmarks/results.json and plots.
+bench: $(STAMP)
+	WANDB_MODE=disabled $(PY) -m jobs.benchmark --out BENCHMARKS.md
+
+## Bucket report on the seed-calibrated 902,087-sample preset.
+report: $(STAMP)
+	$(PY) -m jobs.plan_buckets --preset seed902k --num-buckets auto --json out/report.json --png out/report.png
+
+lint: $(STAMP)
+	$(PY) -m ruff check pipeline jobs tests
+	$(PY) -m ruff format --check pipeline jobs tests
+
+clean:
+	rm -rf .venv .pytest_cache .ruff_cache out

@@ -1,0 +1,66 @@
+"""Vectorized collation: ragged token rows (flat values + offsets) to padded arrays, one scatter."""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["IGNORE_INDEX", "padded_length", "collate"]
+
+# PyTorch's cross_entropy ignore_index default; HF uses the same value for unsupervised tokens.
+IGNORE_INDEX = -100
+
+
+def padded_length(max_len: int, upper: int, multiple: int) -> int:
+    """Batch max rounded up to `multiple`, never beyond the bucket's upper edge (contract 2)."""
+    if max_len > upper:
+        raise ValueError(f"batch max length {max_len} exceeds its bucket's upper edge {upper}")
+    return int(min(-(-max_len // multiple) * multiple, upper))
+
+
+def collate(
+    values: np.ndarray,
+    offsets: np.ndarray,
+    *,
+    upper: int,
+    pad_to_multiple_of: int = 8,
+    pad_id: int = 0,
+    loss_mask: np.ndarray | None = None,
+    labels: np.ndarray | None = None,
+) -> dict[str, np.ndarray]:
+    """Pad B ragged rows into [B, L] arrays.
+
+    `values` holds the rows' token ids back to back, `offsets` their B+1 boundaries. `loss_mask`
+    (same layout, nonzero = supervised) or `labels` (same layout, IGNORE_INDEX = unsupervised)
+    choose the supervised tokens; without either every real token is supervised. Labels are
+    aligned with input_ids (the loss shifts them). An empty batch (B = 0) gives [0, 0] arrays.
+    """
+    offsets = np.asarray(offsets, dtype=np.int64)
+    lens = np.diff(offsets)
+    B = lens.size
+    L = padded_length(int(lens.max()), upper, pad_to_multiple_of) if B and lens.max() > 0 else 0
+    row = np.repeat(np.arange(B), lens)
+    col = np.arange(offsets[-1] - offsets[0]) - np.repeat(offsets[:-1] - offsets[0], lens)
+    vals = np.asarray(values)[offsets[0] : offsets[-1]]
+
+    input_ids = np.full((B, L), pad_id, dtype=np.int64)
+    input_ids[row, col] = vals
+    attention_mask = np.zeros((B, L), dtype=np.int64)
+    attention_mask[row, col] = 1
+    position_ids = np.zeros((B, L), dtype=np.int64)
+    position_ids[row, col] = col
+    out_labels = np.full((B, L), IGNORE_INDEX, dtype=np.int64)
+    if labels is not None:
+        out_labels[row, col] = np.asarray(labels)[offsets[0] : offsets[-1]]
+    elif loss_mask is not None:
+        m = np.asarray(loss_mask)[offsets[0] : offsets[-1]].astype(bool)
+        out_labels[row[m], col[m]] = vals[m]
+    else:
+        out_labels[row, col] = vals
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "labels": out_labels,
+        "position_ids": position_ids,
+        "num_real_tokens": np.int64(lens.sum()),
+        "num_padded_tokens": np.int64(B * L),
+    }

@@ -1,0 +1,64 @@
+"""Metric math without Ray: padding efficiency and the bucket-debiased running loss."""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["micro_batch_padded", "padding_efficiency", "BucketLossTracker"]
+
+
+def micro_batch_padded(
+    lengths: np.ndarray, offsets: np.ndarray, *, multiple: int = 1, cap: np.ndarray | None = None
+) -> np.ndarray:
+    """Padded slots of each micro-batch: size x (batch max rounded up to `multiple`, capped)."""
+    offsets = np.asarray(offsets, dtype=np.int64)
+    sizes = np.diff(offsets)
+    nonempty = sizes > 0
+    maxlen = np.zeros(sizes.size, dtype=np.int64)
+    if nonempty.any():
+        maxlen[nonempty] = np.maximum.reduceat(np.asarray(lengths, dtype=np.int64), offsets[:-1][nonempty])
+    padded_len = -(-maxlen // multiple) * multiple
+    if cap is not None:
+        padded_len = np.minimum(padded_len, np.maximum(cap, maxlen))
+    return sizes * padded_len
+
+
+def padding_efficiency(
+    lengths: np.ndarray, offsets: np.ndarray, *, multiple: int = 1, cap: np.ndarray | None = None
+) -> float:
+    """Real tokens / padded slots over a set of micro-batches given as (lengths, offsets)."""
+    padded = micro_batch_padded(lengths, offsets, multiple=multiple, cap=cap).sum()
+    real = np.asarray(lengths)[offsets[0] : offsets[-1]].sum()
+    return float(real / padded) if padded else 1.0
+
+
+class BucketLossTracker:
+    """Running per-bucket loss and the debiased step loss.
+
+    Each bucket's loss differs systematically (short and long samples are not equally hard), so the
+    raw step loss jumps with the bucket mix. The debiased loss removes the step's bucket offset:
+    loss - (running mean of its bucket - running mean over all steps). Running means are EMAs
+    (`decay`) so the offsets follow training; a bucket not seen yet has offset 0.
+    """
+
+    def __init__(self, num_buckets: int, decay: float = 0.98):
+        self.decay = decay
+        self.bucket_mean = np.full(num_buckets, np.nan)
+        self.overall = np.nan
+
+    def _ema(self, old: float, new: float) -> float:
+        return new if np.isnan(old) else self.decay * old + (1 - self.decay) * new
+
+    def update(self, bucket: int, loss: float) -> float:
+        """Record a step's loss; return its debiased loss."""
+        self.bucket_mean[bucket] = self._ema(self.bucket_mean[bucket], loss)
+        self.overall = self._ema(self.overall, loss)
+        return float(loss - (self.bucket_mean[bucket] - self.overall))
+
+    def state_dict(self) -> dict:
+        return {"bucket_mean": self.bucket_mean.tolist(), "overall": self.overall, "decay": self.decay}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.bucket_mean = np.asarray(d["bucket_mean"], dtype=float)
+        self.overall = float(d["overall"])
+        self.decay = float(d["decay"])

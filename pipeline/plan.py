@@ -1,0 +1,356 @@
+"""Epoch plan: which samples each rank trains on at each global step, as a pure function of seeds.
+
+Samples are grouped by bucket, permuted within their bucket by `default_rng((seed, epoch,
+bucket))` and cut into global batches sized by a token budget (or a fixed count); the global
+batches of all buckets are then put in an epoch-seeded random order, and each global batch is split
+across ranks as evenly as possible. Global batches do not depend on the world size, so resuming
+on another number of workers keeps the global sample order (contract 8); every rank gets one
+micro-batch, possibly empty, at every step, so all ranks run the same number of steps (contract 3).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from pipeline.buckets import assign
+from pipeline.config import BatchingConfig, PlanConfig
+
+__all__ = [
+    "EpochPlan",
+    "RankView",
+    "epoch_plan",
+    "global_batch_sizes",
+    "steps_per_epoch",
+    "INTERLEAVE_STREAM",
+]
+
+# Stream tag for the interleaving RNG: (seed, epoch, INTERLEAVE_STREAM) can never equal a
+# bucket's (seed, epoch, k) because k < 64.
+INTERLEAVE_STREAM = 2**31 - 1
+PLAN_VERSION = 1
+
+
+def global_batch_sizes(edges, batching: BatchingConfig) -> np.ndarray:
+    """Samples per global step for each bucket (contract 2), independent of the world size."""
+    uppers = np.asarray(edges, dtype=np.int64)[1:]
+    if batching.mode == "fixed":
+        return np.full(uppers.size, batching.batch_size, dtype=np.int64)
+    g = np.maximum(1, batching.token_budget // uppers)
+    r = batching.round_to
+    if r > 1:
+        # Round down to a multiple of r, but never below r when the budget allows r samples.
+        g = np.where(g >= r, (g // r) * r, g)
+    return g
+
+
+def _bucket_counts(bucket: np.ndarray, num_buckets: int) -> np.ndarray:
+    return np.bincount(bucket, minlength=num_buckets).astype(np.int64)
+
+
+def _batches_per_bucket(counts: np.ndarray, g: np.ndarray, drop_remainder: bool) -> np.ndarray:
+    return counts // g if drop_remainder else -(-counts // g)
+
+
+def steps_per_epoch(lengths: np.ndarray, edges, batching: BatchingConfig) -> int:
+    """Global steps in one epoch; the same for every epoch and every world size."""
+    counts = _bucket_counts(assign(lengths, edges), len(edges) - 1)
+    return int(_batches_per_bucket(counts, global_batch_sizes(edges, batching), batching.drop_remainder).sum())
+
+
+@dataclass(frozen=True)
+class RankView:
+    """One rank's share of a plan: its sample ids in order and its micro-batch boundaries."""
+
+    rank: int
+    steps: np.ndarray  # global step number of each micro-batch
+    buckets: np.ndarray  # bucket of each micro-batch
+    offsets: np.ndarray  # [num_steps + 1] boundaries into sample_ids
+    sample_ids: np.ndarray
+    lengths: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
+class EpochPlan:
+    """The epoch's global steps; step s covers flat[step_offsets[s]:step_offsets[s+1]]."""
+
+    seed: int
+    epoch: int
+    world_size: int
+    edges: np.ndarray
+    first_step: int  # > 0 for a plan sliced for resume
+    step_bucket: np.ndarray  # [S] bucket of each step
+    step_offsets: np.ndarray  # [S + 1] into sample_ids
+    sample_ids: np.ndarray  # [N] in (step, position in global batch) order
+    lengths: np.ndarray  # [N] aligned with sample_ids
+    num_dropped: int = 0  # samples dropped by drop_remainder
+    pad_to_multiple_of: int = 8
+    _hash_parts: tuple = field(default=(), repr=False)
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.step_bucket.size)
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.sample_ids.size)
+
+    @property
+    def num_buckets(self) -> int:
+        return int(self.edges.size - 1)
+
+    @cached_property
+    def micro_offsets(self) -> np.ndarray:
+        """[S, world_size + 1] boundaries of each rank's micro-batch (np.array_split rule)."""
+        n = np.diff(self.step_offsets)[:, None]
+        r = np.arange(self.world_size + 1)[None, :]
+        q, rem = n // self.world_size, n % self.world_size
+        return self.step_offsets[:-1, None] + r * q + np.minimum(r, rem)
+
+    def rank_view(self, rank: int) -> RankView:
+        """Rank `rank`'s micro-batches, in step order (empty ones included)."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} outside world of size {self.world_size}")
+        lo, hi = self.micro_offsets[:, rank], self.micro_offsets[:, rank + 1]
+        sizes = hi - lo
+        idx = _ranges(lo, sizes)
+        return RankView(
+            rank=rank,
+            steps=self.first_step + np.arange(self.num_steps),
+            buckets=self.step_bucket,
+            offsets=np.concatenate([[0], np.cumsum(sizes)]),
+            sample_ids=self.sample_ids[idx],
+            lengths=self.lengths[idx],
+        )
+
+    def sort_keys(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per sample (aligned with sample_ids): a sort key giving rank-major, step-ordered rows,
+        and the number of rows of each rank (the split points after sorting)."""
+        mo = self.micro_offsets
+        sizes = np.diff(mo, axis=1)  # [S, W]
+        # Position of each (step, rank) micro-batch in the rank-major stream.
+        per_rank_cum = np.cumsum(sizes, axis=0) - sizes  # rows before this step within the rank
+        rank_rows = sizes.sum(axis=0)
+        rank_base = np.concatenate([[0], np.cumsum(rank_rows)[:-1]])
+        base = rank_base[None, :] + per_rank_cum  # [S, W]
+        # Each micro-batch is a contiguous run in the flat array, in (step, rank) order.
+        starts = mo[:, :-1].ravel()
+        keys = np.empty(self.num_samples, dtype=np.int64)
+        flat_sizes = sizes.ravel()
+        pos = _ranges(starts, flat_sizes)
+        keys[pos] = np.repeat(base.ravel(), flat_sizes) + (np.arange(pos.size) - np.repeat(np.cumsum(flat_sizes) - flat_sizes, flat_sizes))
+        return keys, rank_rows
+
+    def slice(self, from_step: int) -> EpochPlan:
+        """The plan from global step `from_step` (absolute) on: the tail used for resume."""
+        rel = from_step - self.first_step
+        if not 0 <= rel <= self.num_steps:
+            raise ValueError(f"step {from_step} outside plan steps [{self.first_step}, {self.first_step + self.num_steps}]")
+        lo = int(self.step_offsets[rel])
+        return EpochPlan(
+            seed=self.seed,
+            epoch=self.epoch,
+            world_size=self.world_size,
+            edges=self.edges,
+            first_step=from_step,
+            step_bucket=self.step_bucket[rel:],
+            step_offsets=self.step_offsets[rel:] - lo,
+            sample_ids=self.sample_ids[lo:],
+            lengths=self.lengths[lo:],
+            num_dropped=self.num_dropped,
+            pad_to_multiple_of=self.pad_to_multiple_of,
+            _hash_parts=self._hash_parts,
+        )
+
+    def with_world_size(self, world_size: int) -> EpochPlan:
+        """The same global batches split over another number of ranks (contract 8)."""
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        return EpochPlan(**{**_fields(self), "world_size": world_size})
+
+    @cached_property
+    def content_hash(self) -> str:
+        """Stable hash of the full epoch's global batches; independent of world size and slicing."""
+        if self._hash_parts:
+            return self._hash_parts[0]
+        return _hash(self.edges, self.step_bucket, self.step_offsets, self.sample_ids)
+
+    def micro_batch_lengths(self) -> tuple[np.ndarray, np.ndarray]:
+        """(lengths in rank-micro-batch order, offsets) for every micro-batch of every step and rank."""
+        sizes = np.diff(self.micro_offsets, axis=1).ravel()
+        return self.lengths, np.concatenate([[0], np.cumsum(sizes)])
+
+    def micro_batch_buckets(self) -> np.ndarray:
+        return np.repeat(self.step_bucket, self.world_size)
+
+    def rows(self) -> dict[str, np.ndarray]:
+        """Flat rows (step, rank, bucket, slot, sample_id); an empty micro-batch is one row with id -1."""
+        sizes = np.diff(self.micro_offsets, axis=1).ravel()  # (step, rank) order
+        out_sizes = np.maximum(sizes, 1)
+        total = int(out_sizes.sum())
+        mb = np.repeat(np.arange(sizes.size), out_sizes)
+        slot = np.arange(total) - np.repeat(np.cumsum(out_sizes) - out_sizes, out_sizes)
+        sid = np.full(total, -1, dtype=np.int64)
+        real = slot < sizes[mb]
+        sid[real] = self.sample_ids
+        step = mb // self.world_size
+        return {
+            "step": (self.first_step + step).astype(np.int64),
+            "rank": (mb % self.world_size).astype(np.int32),
+            "bucket": self.step_bucket[step].astype(np.int32),
+            "slot": slot.astype(np.int32),
+            "sample_id": sid,
+        }
+
+    def summary(self) -> dict:
+        """Per-bucket steps, samples and tokens, for epoch/* metrics and reports."""
+        K = self.num_buckets
+        per_step_n = np.diff(self.step_offsets)
+        tok = np.add.reduceat(self.lengths, self.step_offsets[:-1]) if self.num_samples else np.zeros(0)
+        tok = np.where(per_step_n > 0, tok, 0)
+        return {
+            "steps": self.num_steps,
+            "samples": self.num_samples,
+            "tokens": int(self.lengths.sum()),
+            "steps_per_bucket": np.bincount(self.step_bucket, minlength=K).tolist(),
+            "samples_per_bucket": np.bincount(self.step_bucket, weights=per_step_n, minlength=K).astype(int).tolist(),
+            "tokens_per_bucket": np.bincount(self.step_bucket, weights=tok, minlength=K).astype(int).tolist(),
+            "dropped": self.num_dropped,
+            "hash": self.content_hash,
+        }
+
+
+def _fields(p: EpochPlan) -> dict:
+    return {f: getattr(p, f) for f in p.__dataclass_fields__}
+
+
+def _ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Concatenation of arange(s, s + n) for each (s, n), vectorized."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    total = int(sizes.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    cum = np.cumsum(sizes) - sizes
+    return np.repeat(np.asarray(starts, dtype=np.int64) - cum, sizes) + np.arange(total)
+
+
+def _hash(*arrays) -> str:
+    h = hashlib.sha256(f"bucketray-plan-v{PLAN_VERSION}".encode())
+    for a in arrays:
+        a = np.ascontiguousarray(a, dtype=np.int64)
+        h.update(str(a.shape).encode())
+        h.update(a.tobytes())
+    return h.hexdigest()[:16]
+
+
+def _interleave(counts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """A uniformly random order of the global batches' buckets (contract 5)."""
+    seq = np.repeat(np.arange(counts.size), counts)
+    rng.shuffle(seq)
+    return seq
+
+
+def _cap_runs(seq: np.ndarray, max_run: int) -> np.ndarray:
+    """Move steps later so that no bucket runs more than max_run times in a row, where possible.
+
+    O(steps) with a forward scan; a step pulled forward keeps its bucket's batch order intact
+    because batch numbers are assigned after this reordering.
+    """
+    seq = seq.copy()
+    n = seq.size
+    run = 1
+    for i in range(1, n):
+        if seq[i] != seq[i - 1]:
+            run = 1
+            continue
+        if run < max_run:
+            run += 1
+            continue
+        # seq[i] would extend a run past max_run: swap in the next step of another bucket.
+        diff = np.flatnonzero(seq[i + 1 :] != seq[i])
+        if diff.size == 0:
+            break  # only this bucket is left; the cap cannot hold
+        j = i + 1 + diff[0]
+        seq[i], seq[j] = seq[j], seq[i]
+        run = 1
+    return seq
+
+
+def epoch_plan(
+    lengths: np.ndarray,
+    edges,
+    *,
+    seed: int,
+    epoch: int,
+    world_size: int,
+    batching: BatchingConfig,
+    plan: PlanConfig | None = None,
+    sample_ids: np.ndarray | None = None,
+) -> EpochPlan:
+    """Plan one epoch (contracts 1-5, 8). `sample_ids` default to positions in `lengths`."""
+    plan = plan or PlanConfig()
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    lengths = np.asarray(lengths, dtype=np.int64)
+    ids = np.arange(lengths.size, dtype=np.int64) if sample_ids is None else np.asarray(sample_ids, dtype=np.int64)
+    if ids.shape != lengths.shape:
+        raise ValueError(f"sample_ids shape {ids.shape} != lengths shape {lengths.shape}")
+    edges = np.asarray(edges, dtype=np.int64)
+    K = edges.size - 1
+    bucket = assign(lengths, edges)
+
+    # Members of each bucket in sample-id order (canonical, independent of input order).
+    order = np.lexsort((ids, bucket))
+    counts = _bucket_counts(bucket, K)
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    for k in range(K):
+        if counts[k] > 1:
+            perm = np.random.default_rng((seed, epoch, k)).permutation(int(counts[k]))
+            order[starts[k] : starts[k + 1]] = order[starts[k] : starts[k + 1]][perm]
+
+    g = global_batch_sizes(edges, batching)
+    nb = _batches_per_bucket(counts, g, batching.drop_remainder)
+    kept = np.minimum(counts, nb * g)
+    num_dropped = int((counts - kept).sum())
+
+    # Step order: an epoch-seeded interleaving of all global batches.
+    seq = _interleave(nb, np.random.default_rng((seed, epoch, INTERLEAVE_STREAM)))
+    if plan.max_run is not None and seq.size:
+        seq = _cap_runs(seq, plan.max_run)
+    # Batch j of bucket k is the j-th time k appears in seq.
+    occ = np.zeros(seq.size, dtype=np.int64)
+    if seq.size:
+        by_bucket = np.argsort(seq, kind="stable")
+        occ[by_bucket] = np.arange(seq.size) - np.repeat(np.cumsum(nb) - nb, nb)
+    batch_start = starts[seq] + occ * g[seq]
+    batch_size = np.minimum(g[seq], starts[seq] + kept[seq] - batch_start)
+
+    if plan.longest_first and seq.size:
+        maxlen = np.maximum.reduceat(lengths[order][_ranges(batch_start, batch_size)], np.concatenate([[0], np.cumsum(batch_size)[:-1]]))
+        padded = batch_size * maxlen
+        first = int(np.lexsort((padded, maxlen))[-1])
+        for a in (seq, batch_start, batch_size):
+            a[[0, first]] = a[[first, 0]]
+
+    flat = order[_ranges(batch_start, batch_size)]
+    step_offsets = np.concatenate([[0], np.cumsum(batch_size)]).astype(np.int64)
+    sid = ids[flat]
+    lens = lengths[flat]
+    h = _hash(edges, seq, step_offsets, sid)
+    return EpochPlan(
+        seed=seed,
+        epoch=epoch,
+        world_size=world_size,
+        edges=edges,
+        first_step=0,
+        step_bucket=seq.astype(np.int64),
+        step_offsets=step_offsets,
+        sample_ids=sid,
+        lengths=lens,
+        num_dropped=num_dropped,
+        pad_to_multiple_of=batching.pad_to_multiple_of,
+        _hash_parts=(h,),
+    )
