@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -41,7 +41,7 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-class OnBadRows(str, Enum):
+class OnBadRows(StrEnum):
     error = "error"
     quarantine = "quarantine"
 
@@ -65,13 +65,19 @@ class DataConfig(_Section):
         description="Directory or URI (s3://, gs://, ...) of parquet shards. "
         "Null: use the synthetic corpus described by data.synthetic.",
     )
-    synthetic: SyntheticConfig = Field(default_factory=SyntheticConfig, description="Synthetic corpus.")
-    cache_dir: str | None = Field(
-        None, description="Where the length index is cached; null: beside the data (<path>/_bucketray_index)."
+    synthetic: SyntheticConfig = Field(
+        default_factory=SyntheticConfig, description="Synthetic corpus."
     )
-    max_length: PositiveInt = Field(8192, description="Longest sample the model accepts, in tokens.")
+    cache_dir: str | None = Field(
+        None,
+        description="Where the length index is cached; null: beside the data (<path>/_bucketray_index).",
+    )
+    max_length: PositiveInt = Field(
+        8192, description="Longest sample the model accepts, in tokens."
+    )
     over_length: Literal["error", "truncate"] = Field(
-        "error", description="Samples longer than the top bucket edge: stop with their ids, or truncate them."
+        "error",
+        description="Samples longer than the top bucket edge: stop with their ids, or truncate them.",
     )
     on_bad_rows: OnBadRows = Field(
         OnBadRows.error,
@@ -133,23 +139,29 @@ class BatchingConfig(_Section):
     )
     batch_size: PositiveInt = Field(32, description="Samples per GLOBAL step in `fixed` mode.")
     round_to: NonNegativeInt = Field(
-        8, description="Round a token-budget batch size down to a multiple of this (0 or 1: no rounding)."
+        8,
+        description="Round a token-budget batch size down to a multiple of this (0 or 1: no rounding).",
     )
     pad_to_multiple_of: PositiveInt = Field(
-        8, description="Padded length is the batch max rounded up to this, never beyond the bucket's upper edge."
+        8,
+        description="Padded length is the batch max rounded up to this, never beyond the bucket's upper edge.",
     )
     drop_remainder: bool = Field(
-        False, description="Drop each bucket's last partial global batch (lossy; off by default, contract 4)."
+        False,
+        description="Drop each bucket's last partial global batch (lossy; off by default, contract 4).",
     )
 
 
 class PlanConfig(_Section):
-    seed: NonNegativeInt = Field(0, description="Run seed; epoch orders come from (seed, epoch, bucket).")
+    seed: NonNegativeInt = Field(
+        0, description="Run seed; epoch orders come from (seed, epoch, bucket)."
+    )
     max_run: PositiveInt | None = Field(
         None, description="Cap on consecutive global steps from one bucket (null: no cap)."
     )
     longest_first: bool = Field(
-        True, description="Put the step with the longest padded batch first, so an OOM shows at step 1."
+        True,
+        description="Put the step with the longest padded batch first, so an OOM shows at step 1.",
     )
     on_world_size_change: Literal["keep_order", "refuse"] = Field(
         "keep_order",
@@ -160,7 +172,9 @@ class PlanConfig(_Section):
 
 class ModelConfig(_Section):
     name: str = Field("tiny_decoder", description="Model registry entry (pipeline.model.MODELS).")
-    vocab_size: PositiveInt = Field(512, description="Vocabulary size; token ids must be < vocab_size.")
+    vocab_size: PositiveInt = Field(
+        512, description="Vocabulary size; token ids must be < vocab_size."
+    )
     d_model: PositiveInt = Field(128, description="Hidden size.")
     n_layers: PositiveInt = Field(2, description="Transformer blocks.")
     n_heads: PositiveInt = Field(4, description="Attention heads; must divide d_model.")
@@ -183,7 +197,9 @@ class TrainConfig(_Section):
         None, description="Stop after this many global steps in total (null: all epochs)."
     )
     lr: PositiveFloat = Field(6e-4, description="Peak learning rate.")
-    warmup_steps: NonNegativeInt | None = Field(None, description="Linear warmup steps (or warmup_ratio).")
+    warmup_steps: NonNegativeInt | None = Field(
+        None, description="Linear warmup steps (or warmup_ratio)."
+    )
     warmup_ratio: Annotated[float, Field(ge=0, le=1)] | None = Field(
         None, description="Warmup as a fraction of total steps (or warmup_steps)."
     )
@@ -196,7 +212,9 @@ class TrainConfig(_Section):
     grad_clip: NonNegativeFloat = Field(1.0, description="Max global grad norm (0: no clipping).")
     grad_accum: PositiveInt = Field(1, description="Global steps accumulated per optimizer step.")
     log_every: PositiveInt = Field(10, description="Log metrics every N global steps.")
-    bf16: Literal["auto", "on", "off"] = Field("auto", description="bf16 autocast: auto = on for GPU.")
+    bf16: Literal["auto", "on", "off"] = Field(
+        "auto", description="bf16 autocast: auto = on for GPU."
+    )
     seed: NonNegativeInt = Field(0, description="Model init / dropout seed.")
 
     @model_validator(mode="after")
@@ -224,19 +242,26 @@ class WandbConfig(_Section):
     )
     project: str = Field("bucketray", description="W&B project.")
     entity: str | None = Field(None, description="W&B entity (team); null: the key's default.")
-    dir: str | None = Field(None, description="Where W&B writes its run folder; null: the run's storage dir.")
+    dir: str | None = Field(
+        None, description="Where W&B writes its run folder; null: the run's storage dir."
+    )
     tags: list[str] = Field(default_factory=list, description="W&B tags.")
 
 
 class ScalingConfig(_Section):
     num_workers: PositiveInt = Field(2, description="Ray Train workers (ranks).")
-    use_gpu: bool = Field(False, description="One GPU per worker, NCCL; else CPU workers with gloo.")
-    cpus_per_worker: PositiveFloat = Field(1.0, description="CPUs reserved per worker (fractions allowed).")
+    use_gpu: bool = Field(
+        False, description="One GPU per worker, NCCL; else CPU workers with gloo."
+    )
+    cpus_per_worker: PositiveFloat = Field(
+        1.0, description="CPUs reserved per worker (fractions allowed)."
+    )
 
 
 class CheckpointConfig(_Section):
     storage_path: str = Field(
-        "runs", description="Ray Train storage path (local dir or s3://...); checkpoints live under it."
+        "runs",
+        description="Ray Train storage path (local dir or s3://...); checkpoints live under it.",
     )
     run_name: str = Field(
         "bucketray-local",
@@ -260,7 +285,9 @@ class RunConfig(_Section):
     train: TrainConfig = Field(default_factory=TrainConfig, description="Optimisation.")
     wandb: WandbConfig = Field(default_factory=WandbConfig, description="Weights & Biases.")
     scaling: ScalingConfig = Field(default_factory=ScalingConfig, description="Workers.")
-    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints.")
+    checkpoint: CheckpointConfig = Field(
+        default_factory=CheckpointConfig, description="Checkpoints."
+    )
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:
@@ -295,7 +322,9 @@ def parse_edges(edges: Any) -> list[int]:
         try:
             edges = [int(x) for x in edges.replace(" ", "").strip("[]").split(",") if x]
         except ValueError as e:
-            raise ConfigError(f"buckets.edges must be comma-separated integers: got {edges!r}") from e
+            raise ConfigError(
+                f"buckets.edges must be comma-separated integers: got {edges!r}"
+            ) from e
     edges = list(edges)
     if len(edges) < 2:
         raise ConfigError(f"buckets.edges needs at least two values [0, top]: got {edges}")

@@ -16,7 +16,9 @@ def micro_batch_padded(
     nonempty = sizes > 0
     maxlen = np.zeros(sizes.size, dtype=np.int64)
     if nonempty.any():
-        maxlen[nonempty] = np.maximum.reduceat(np.asarray(lengths, dtype=np.int64), offsets[:-1][nonempty])
+        maxlen[nonempty] = np.maximum.reduceat(
+            np.asarray(lengths, dtype=np.int64), offsets[:-1][nonempty]
+        )
     padded_len = -(-maxlen // multiple) * multiple
     if cap is not None:
         padded_len = np.minimum(padded_len, np.maximum(cap, maxlen))
@@ -37,28 +39,41 @@ class BucketLossTracker:
 
     Each bucket's loss differs systematically (short and long samples are not equally hard), so the
     raw step loss jumps with the bucket mix. The debiased loss removes the step's bucket offset:
-    loss - (running mean of its bucket - running mean over all steps). Running means are EMAs
-    (`decay`) so the offsets follow training; a bucket not seen yet has offset 0.
+    loss - (running loss of its bucket - overall running loss). A bucket's running loss is an EMA
+    (`decay`) so offsets follow training; the overall level is the bucket EMAs weighted by how often
+    each bucket was seen, which keeps it steady under a random bucket mix (an EMA of the raw loss
+    would itself jump with the mix). A bucket not seen yet has offset 0.
     """
 
     def __init__(self, num_buckets: int, decay: float = 0.98):
         self.decay = decay
         self.bucket_mean = np.full(num_buckets, np.nan)
-        self.overall = np.nan
+        self.counts = np.zeros(num_buckets)
 
-    def _ema(self, old: float, new: float) -> float:
-        return new if np.isnan(old) else self.decay * old + (1 - self.decay) * new
+    @property
+    def overall(self) -> float:
+        seen = self.counts > 0
+        if not seen.any():
+            return float("nan")
+        return float((self.bucket_mean[seen] * self.counts[seen]).sum() / self.counts[seen].sum())
 
     def update(self, bucket: int, loss: float) -> float:
         """Record a step's loss; return its debiased loss."""
-        self.bucket_mean[bucket] = self._ema(self.bucket_mean[bucket], loss)
-        self.overall = self._ema(self.overall, loss)
+        old = self.bucket_mean[bucket]
+        self.bucket_mean[bucket] = (
+            loss if np.isnan(old) else self.decay * old + (1 - self.decay) * loss
+        )
+        self.counts[bucket] += 1
         return float(loss - (self.bucket_mean[bucket] - self.overall))
 
     def state_dict(self) -> dict:
-        return {"bucket_mean": self.bucket_mean.tolist(), "overall": self.overall, "decay": self.decay}
+        return {
+            "bucket_mean": self.bucket_mean.tolist(),
+            "counts": self.counts.tolist(),
+            "decay": self.decay,
+        }
 
     def load_state_dict(self, d: dict) -> None:
         self.bucket_mean = np.asarray(d["bucket_mean"], dtype=float)
-        self.overall = float(d["overall"])
+        self.counts = np.asarray(d["counts"], dtype=float)
         self.decay = float(d["decay"])

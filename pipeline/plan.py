@@ -58,7 +58,11 @@ def _batches_per_bucket(counts: np.ndarray, g: np.ndarray, drop_remainder: bool)
 def steps_per_epoch(lengths: np.ndarray, edges, batching: BatchingConfig) -> int:
     """Global steps in one epoch; the same for every epoch and every world size."""
     counts = _bucket_counts(assign(lengths, edges), len(edges) - 1)
-    return int(_batches_per_bucket(counts, global_batch_sizes(edges, batching), batching.drop_remainder).sum())
+    return int(
+        _batches_per_bucket(
+            counts, global_batch_sizes(edges, batching), batching.drop_remainder
+        ).sum()
+    )
 
 
 @dataclass(frozen=True)
@@ -141,14 +145,18 @@ class EpochPlan:
         keys = np.empty(self.num_samples, dtype=np.int64)
         flat_sizes = sizes.ravel()
         pos = _ranges(starts, flat_sizes)
-        keys[pos] = np.repeat(base.ravel(), flat_sizes) + (np.arange(pos.size) - np.repeat(np.cumsum(flat_sizes) - flat_sizes, flat_sizes))
+        keys[pos] = np.repeat(base.ravel(), flat_sizes) + (
+            np.arange(pos.size) - np.repeat(np.cumsum(flat_sizes) - flat_sizes, flat_sizes)
+        )
         return keys, rank_rows
 
     def slice(self, from_step: int) -> EpochPlan:
         """The plan from global step `from_step` (absolute) on: the tail used for resume."""
         rel = from_step - self.first_step
         if not 0 <= rel <= self.num_steps:
-            raise ValueError(f"step {from_step} outside plan steps [{self.first_step}, {self.first_step + self.num_steps}]")
+            raise ValueError(
+                f"step {from_step} outside plan steps [{self.first_step}, {self.first_step + self.num_steps}]"
+            )
         lo = int(self.step_offsets[rel])
         return EpochPlan(
             seed=self.seed,
@@ -209,15 +217,23 @@ class EpochPlan:
         """Per-bucket steps, samples and tokens, for epoch/* metrics and reports."""
         K = self.num_buckets
         per_step_n = np.diff(self.step_offsets)
-        tok = np.add.reduceat(self.lengths, self.step_offsets[:-1]) if self.num_samples else np.zeros(0)
+        tok = (
+            np.add.reduceat(self.lengths, self.step_offsets[:-1])
+            if self.num_samples
+            else np.zeros(0)
+        )
         tok = np.where(per_step_n > 0, tok, 0)
         return {
             "steps": self.num_steps,
             "samples": self.num_samples,
             "tokens": int(self.lengths.sum()),
             "steps_per_bucket": np.bincount(self.step_bucket, minlength=K).tolist(),
-            "samples_per_bucket": np.bincount(self.step_bucket, weights=per_step_n, minlength=K).astype(int).tolist(),
-            "tokens_per_bucket": np.bincount(self.step_bucket, weights=tok, minlength=K).astype(int).tolist(),
+            "samples_per_bucket": np.bincount(self.step_bucket, weights=per_step_n, minlength=K)
+            .astype(int)
+            .tolist(),
+            "tokens_per_bucket": np.bincount(self.step_bucket, weights=tok, minlength=K)
+            .astype(int)
+            .tolist(),
             "dropped": self.num_dropped,
             "hash": self.content_hash,
         }
@@ -295,7 +311,11 @@ def epoch_plan(
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     lengths = np.asarray(lengths, dtype=np.int64)
-    ids = np.arange(lengths.size, dtype=np.int64) if sample_ids is None else np.asarray(sample_ids, dtype=np.int64)
+    ids = (
+        np.arange(lengths.size, dtype=np.int64)
+        if sample_ids is None
+        else np.asarray(sample_ids, dtype=np.int64)
+    )
     if ids.shape != lengths.shape:
         raise ValueError(f"sample_ids shape {ids.shape} != lengths shape {lengths.shape}")
     edges = np.asarray(edges, dtype=np.int64)
@@ -329,7 +349,10 @@ def epoch_plan(
     batch_size = np.minimum(g[seq], starts[seq] + kept[seq] - batch_start)
 
     if plan.longest_first and seq.size:
-        maxlen = np.maximum.reduceat(lengths[order][_ranges(batch_start, batch_size)], np.concatenate([[0], np.cumsum(batch_size)[:-1]]))
+        maxlen = np.maximum.reduceat(
+            lengths[order][_ranges(batch_start, batch_size)],
+            np.concatenate([[0], np.cumsum(batch_size)[:-1]]),
+        )
         padded = batch_size * maxlen
         first = int(np.lexsort((padded, maxlen))[-1])
         for a in (seq, batch_start, batch_size):

@@ -28,7 +28,12 @@ def seed902k_lengths(num_samples: int = PRESETS["seed902k"], seed: int = 0) -> n
 
 
 def synthetic_tokens(
-    lengths: np.ndarray, sample_ids: np.ndarray, *, vocab_size: int, seed: int = 0, noise: float = 0.05
+    lengths: np.ndarray,
+    sample_ids: np.ndarray,
+    *,
+    vocab_size: int,
+    seed: int = 0,
+    noise: float = 0.05,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Token ids for the given samples: (flat int32 values, int64 offsets).
 
