@@ -153,6 +153,13 @@ class BatchingConfig(_Section):
 
 
 class PlanConfig(_Section):
+    policy: Literal["bucketed", "sorted", "random"] = Field(
+        "bucketed",
+        description="bucketed: the epoch-seeded bucketed shuffle (this project). Baselines for "
+        "comparison: sorted = all samples sorted by length into fixed batches (frozen composition, "
+        "batch order reshuffled per epoch); random = one epoch-seeded permutation of all samples. "
+        "Both baselines use one bucket up to the top edge.",
+    )
     seed: NonNegativeInt = Field(
         0, description="Run seed; epoch orders come from (seed, epoch, bucket)."
     )

@@ -319,6 +319,8 @@ def epoch_plan(
     if ids.shape != lengths.shape:
         raise ValueError(f"sample_ids shape {ids.shape} != lengths shape {lengths.shape}")
     edges = np.asarray(edges, dtype=np.int64)
+    if plan.policy != "bucketed":
+        edges = edges[[0, -1]]  # the baselines batch across all lengths
     K = edges.size - 1
     bucket = assign(lengths, edges)
 
@@ -326,10 +328,14 @@ def epoch_plan(
     order = np.lexsort((ids, bucket))
     counts = _bucket_counts(bucket, K)
     starts = np.concatenate([[0], np.cumsum(counts)])
-    for k in range(K):
-        if counts[k] > 1:
-            perm = np.random.default_rng((seed, epoch, k)).permutation(int(counts[k]))
-            order[starts[k] : starts[k + 1]] = order[starts[k] : starts[k + 1]][perm]
+    if plan.policy == "sorted":
+        # Static baseline: length order (ties by id), the same batches every epoch.
+        order = np.lexsort((ids, lengths))
+    else:
+        for k in range(K):
+            if counts[k] > 1:
+                perm = np.random.default_rng((seed, epoch, k)).permutation(int(counts[k]))
+                order[starts[k] : starts[k + 1]] = order[starts[k] : starts[k + 1]][perm]
 
     g = global_batch_sizes(edges, batching)
     nb = _batches_per_bucket(counts, g, batching.drop_remainder)

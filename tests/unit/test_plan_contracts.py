@@ -310,3 +310,33 @@ def test_sort_keys_give_rank_major_step_order(world_size):
     parts = np.split(by_key, np.cumsum(rank_rows)[:-1])
     for r in range(world_size):
         assert np.array_equal(parts[r], p.rank_view(r).sample_ids)
+
+
+def test_baseline_policies_sorted_is_static_random_is_one_bucket():
+    lengths = seed902k_lengths(4_000, seed=4)
+    edges = optimize(lengths, 8)
+    bat = BatchingConfig(mode="fixed", batch_size=16)
+
+    def plan(policy, epoch):
+        return epoch_plan(
+            lengths,
+            edges,
+            seed=0,
+            epoch=epoch,
+            world_size=2,
+            batching=bat,
+            plan=PlanConfig(policy=policy, longest_first=False),
+        )
+
+    def batches(p):
+        return {
+            frozenset(p.sample_ids[a:b].tolist())
+            for a, b in zip(p.step_offsets[:-1], p.step_offsets[1:], strict=True)
+        }
+
+    s0, s1 = plan("sorted", 0), plan("sorted", 1)
+    assert batches(s0) == batches(s1)  # frozen composition
+    assert (np.diff(np.sort(np.maximum.reduceat(s0.lengths, s0.step_offsets[:-1]))) >= 0).all()
+    r0 = plan("random", 0)
+    assert r0.num_buckets == 1 and set(np.unique(r0.step_bucket)) == {0}
+    assert not batches(r0) & batches(plan("random", 1))
