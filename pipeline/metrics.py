@@ -77,3 +77,36 @@ class BucketLossTracker:
         self.bucket_mean = np.asarray(d["bucket_mean"], dtype=float)
         self.counts = np.asarray(d["counts"], dtype=float)
         self.decay = float(d["decay"])
+
+
+def batch_recomposition(
+    ids_a: np.ndarray, offsets_a: np.ndarray, ids_b: np.ndarray, offsets_b: np.ndarray
+) -> float:
+    """Share of micro-batches of epoch b that contain a pair of samples which already shared a
+    micro-batch in epoch a (sorted-static: ~1.0; a fresh shuffle: ~0). Micro-batches are given as
+    (sample ids, offsets); samples missing from epoch a count as never paired."""
+    ids_a, ids_b = np.asarray(ids_a, dtype=np.int64), np.asarray(ids_b, dtype=np.int64)
+    mb_a = np.repeat(np.arange(np.size(offsets_a) - 1), np.diff(offsets_a))
+    order = np.argsort(ids_a)
+    pos = np.searchsorted(ids_a[order], ids_b)
+    pos = np.minimum(pos, ids_a.size - 1)
+    found = ids_a[order][pos] == ids_b
+    prev_mb = np.where(found, mb_a[order][pos], -1 - np.arange(ids_b.size))  # unique when missing
+    mb_b = np.repeat(np.arange(np.size(offsets_b) - 1), np.diff(offsets_b))
+    pair = (
+        mb_b.astype(np.int64) * (mb_a.size + ids_b.size + 1) + prev_mb
+    )  # (batch in b, batch in a)
+    uniq, counts = np.unique(pair, return_counts=True)
+    repeated_b = np.unique(uniq[counts > 1] // (mb_a.size + ids_b.size + 1))
+    nonempty = int((np.diff(offsets_b) > 0).sum())
+    return float(repeated_b.size / nonempty) if nonempty else 0.0
+
+
+def switch_rate(step_buckets: np.ndarray) -> tuple[float, float]:
+    """(observed share of consecutive steps that change bucket, expected share under independent
+    draws with the same bucket frequencies: 1 - sum p_k^2)."""
+    b = np.asarray(step_buckets)
+    if b.size < 2:
+        return 0.0, 0.0
+    p = np.bincount(b) / b.size
+    return float(np.mean(b[1:] != b[:-1])), float(1 - (p**2).sum())

@@ -40,3 +40,24 @@ def test_tracker_state_round_trips():
     u = BucketLossTracker(4)
     u.load_state_dict(t.state_dict())
     assert u.update(3, 4.0) == t.update(3, 4.0)
+
+
+def test_batch_recomposition_by_hand():
+    from pipeline.metrics import batch_recomposition
+
+    ids_a, off_a = np.array([0, 1, 2, 3, 4, 5]), np.array([0, 2, 4, 6])  # {0,1} {2,3} {4,5}
+    ids_b, off_b = np.array([0, 2, 1, 3, 4, 5]), np.array([0, 2, 3, 6])  # {0,2} {1} {3,4,5}
+    assert batch_recomposition(ids_a, off_a, ids_b, off_b) == pytest.approx(1 / 3)
+    assert batch_recomposition(ids_a, off_a, ids_a, off_a) == 1.0
+    # a missing sample never pairs
+    assert batch_recomposition(ids_a, off_a, np.array([9, 8]), np.array([0, 2])) == 0.0
+
+
+def test_switch_rate_matches_independent_draws_for_a_shuffle():
+    from pipeline.metrics import switch_rate
+
+    seq = np.random.default_rng(0).permutation(np.repeat([0, 1, 2], [5000, 3000, 2000]))
+    obs, exp = switch_rate(seq)
+    assert exp == pytest.approx(1 - (0.25 + 0.09 + 0.04))
+    assert abs(obs - exp) < 0.02
+    assert switch_rate(np.sort(seq))[0] < 0.001
