@@ -1,0 +1,45 @@
+"""Data delivery benchmark: `python -m jobs.bench_data [--num-samples 100000] [--consumers 2]`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from pipeline.databench import measure_delivery
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m jobs.bench_data", description=__doc__)
+    p.add_argument("--num-samples", type=int, default=100_000, help="seed902k preset samples")
+    p.add_argument("--consumers", type=int, default=2, help="ranks (Ray tasks) consuming the epoch")
+    p.add_argument("--shards", type=int, default=8, help="parquet shards to write")
+    p.add_argument("--repeats", type=int, default=3, help="epochs measured (medians are reported)")
+    p.add_argument("--data-dir", default=None, help="corpus directory (default data/bench/...)")
+    p.add_argument(
+        "--address", default="local", help="Ray address: local (private cluster) or auto"
+    )
+    p.add_argument("--json-out", default=None, help="also write the result JSON here")
+    a = p.parse_args(argv)
+    r = measure_delivery(
+        a.num_samples,
+        a.consumers,
+        shards=a.shards,
+        repeats=a.repeats,
+        data_dir=a.data_dir,
+        address=a.address,
+    )
+    width = max(len(k) for k in r)
+    for k, v in r.items():
+        shown = (
+            f"{v:,.3f}" if isinstance(v, float) else (f"{v:,}" if isinstance(v, int) else str(v))
+        )
+        print(f"{k:<{width}}  {shown}")
+    print(json.dumps(r))
+    if a.json_out:
+        with open(a.json_out, "w") as f:
+            json.dump(r, f, indent=2)
+    return r
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""Delivery benchmark: epoch preparation time and padded tokens/s per consumer, against a baseline.
+
+The Ray path is the one training uses: length index (cold and cached), edges, the feeder's
+plan-keyed sort and split, then `consumers` Ray tasks (one CPU each) iterating `rank_batches` to
+torch tensors, timed inside the task from the feeder call to the last micro-batch. The baseline
+is one process with pyarrow and numpy: read the same files, gather each rank's rows in plan
+order, and re-chunk and pad them with the same `deliver`, so the ratio isolates data movement.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.config import RunConfig
+from pipeline.corpus import write_corpus
+from pipeline.epochs import epoch_plan_for, resolve_edges
+from pipeline.feed import deliver, rank_batches, start_feeder, stop_feeder
+from pipeline.index import build_length_index, filesystem_for, list_shards
+
+__all__ = ["measure_delivery", "baseline_delivery"]
+
+
+def _consume(name: str, epoch: int, rank: int, world: int) -> dict:
+    t0 = time.perf_counter()
+    real = padded = batches = 0
+    for mb in rank_batches(name, epoch=epoch, start_step=0, rank=rank, world_size=world):
+        real += mb.num_real_tokens
+        padded += mb.num_padded_tokens
+        batches += 1
+    return {"seconds": time.perf_counter() - t0, "real": real, "padded": padded, "batches": batches}
+
+
+def baseline_delivery(cfg: RunConfig, index, edges, epoch: int, world: int, path: str) -> dict:
+    """Single process: pyarrow reads every shard, numpy gathers each rank's rows, `deliver` pads."""
+    t0 = time.perf_counter()
+    fs, root = filesystem_for(path)
+    table = pa.concat_tables(
+        [
+            pq.read_table(f.path, columns=["sample_id", "input_ids"], filesystem=fs)
+            for f in list_shards(fs, root)
+        ]
+    )
+    ids = table["sample_id"].to_numpy()
+    by_id = np.argsort(ids, kind="stable")
+    t_read = time.perf_counter()
+    plan = epoch_plan_for(cfg, index, edges, epoch, world)
+    real = 0
+    for r in range(world):
+        view = plan.rank_view(r)
+        rows = by_id[np.searchsorted(ids, view.sample_ids, sorter=by_id)]
+        part = table.take(pa.array(rows))
+        part = pa.table(
+            {
+                "sample_id": part["sample_id"],
+                "input_ids": part["input_ids"].cast(pa.large_list(pa.int32())),
+            }
+        )
+        for mb in deliver(
+            view,
+            [part],
+            epoch=epoch,
+            edges=edges,
+            pad_to_multiple_of=cfg.batching.pad_to_multiple_of,
+        ):
+            real += mb.num_real_tokens
+    t_end = time.perf_counter()
+    return {
+        "read_s": t_read - t0,
+        "serve_s": t_end - t_read,
+        "real_tokens": real,
+        "tokens_per_s": real / (t_end - t_read),
+        "tokens_per_s_incl_read": real / (t_end - t0),
+    }
+
+
+def measure_delivery(
+    num_samples: int = 100_000,
+    consumers: int = 2,
+    *,
+    shards: int = 8,
+    vocab_size: int = 512,
+    repeats: int = 3,
+    data_dir: str | None = None,
+    token_budget: int = 65_536,
+    seed: int = 0,
+    address: str = "local",
+) -> dict:
+    """Measure the Ray delivery path and the single-process baseline; medians over `repeats` epochs."""
+    import ray
+
+    if not ray.is_initialized():
+        # "local" starts a private cluster with this machine's CPUs; pass "auto" or an address
+        # to measure on a running cluster.
+        kw = {"num_cpus": os.cpu_count()} if address == "local" else {}
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, **kw)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    data_dir = data_dir or f"data/bench/seed902k-{num_samples}-{shards}"
+    t = time.perf_counter()
+    gen = write_corpus(
+        data_dir,
+        num_samples=num_samples,
+        shards=shards,
+        vocab_size=vocab_size,
+        seed=seed,
+        progress=True,
+    )
+    gen_s = time.perf_counter() - t
+    with tempfile.TemporaryDirectory(prefix="bucketray-bench-index-") as cache:
+        cfg = RunConfig.model_validate(
+            {
+                "data": {"path": data_dir, "cache_dir": cache},
+                "batching": {"token_budget": token_budget},
+                "model": {"vocab_size": vocab_size},
+                "scaling": {"num_workers": consumers},
+            }
+        )
+        t = time.perf_counter()
+        index = build_length_index(cfg)  # cold: the cache dir is new
+        index_s = time.perf_counter() - t
+        t = time.perf_counter()
+        cached = build_length_index(cfg)
+        index_cached_s = time.perf_counter() - t
+        assert cached.from_cache and not index.from_cache
+    t = time.perf_counter()
+    edges = resolve_edges(cfg, index.lengths)
+    edges_s = time.perf_counter() - t
+
+    name = "bucketray-bench-feeder"
+    feeder = start_feeder(cfg, index, edges, name=name, path=data_dir, prefetch=False)
+    consume = ray.remote(num_cpus=1)(_consume)
+    preps, per_consumer, totals = [], [], []
+    for epoch in range(repeats):
+        t = time.perf_counter()
+        stats = ray.get(feeder.prepare.remote(epoch, consumers, 0))
+        stats["prepare_wall_s"] = time.perf_counter() - t
+        preps.append(stats)
+        results = ray.get([consume.remote(name, epoch, r, consumers) for r in range(consumers)])
+        per_consumer.append([x["real"] / x["seconds"] for x in results])
+        totals.append(sum(x["real"] for x in results) / max(x["seconds"] for x in results))
+        padded = sum(x["padded"] for x in results)
+        real = sum(x["real"] for x in results)
+    stop_feeder(name)
+    base = [baseline_delivery(cfg, index, edges, e, consumers, data_dir) for e in range(repeats)]
+
+    def med(xs):
+        return float(statistics.median(xs))
+
+    per_consumer_med = med([v for row in per_consumer for v in row])
+    base_tps = med([b["tokens_per_s"] for b in base])
+    return {
+        "num_samples": index.num_samples,
+        "num_tokens": index.num_tokens,
+        "shards": shards,
+        "consumers": consumers,
+        "repeats": repeats,
+        "num_buckets": len(edges) - 1,
+        "steps_per_epoch": preps[0]["steps"],
+        "padding_efficiency": real / padded,
+        "generate_s": gen_s if not gen.get("skipped") else 0.0,
+        "index_s": index_s,
+        "index_cached_s": index_cached_s,
+        "edges_s": edges_s,
+        "plan_s": med([p["plan_s"] for p in preps]),
+        "sort_s": med([p["sort_s"] for p in preps]),
+        "split_s": med([p["split_s"] for p in preps]),
+        "prepare_wall_s": med([p["prepare_wall_s"] for p in preps]),
+        "ray_tokens_per_s_per_consumer": per_consumer_med,
+        "ray_tokens_per_s_per_consumer_all": [[round(v) for v in row] for row in per_consumer],
+        "ray_tokens_per_s_total": med(totals),
+        "baseline_read_s": med([b["read_s"] for b in base]),
+        "baseline_tokens_per_s": base_tps,
+        "baseline_tokens_per_s_incl_read": med([b["tokens_per_s_incl_read"] for b in base]),
+        "ratio_per_consumer_vs_baseline": per_consumer_med / base_tps,
+        "ratio_total_vs_baseline": med(totals) / base_tps,
+    }
