@@ -223,6 +223,16 @@ class TrainConfig(_Section):
         "auto", description="bf16 autocast: auto = on for GPU."
     )
     seed: NonNegativeInt = Field(0, description="Model init / dropout seed.")
+    metrics_file: str | None = Field(
+        None,
+        description="Rank 0 also appends every logged metric as one JSON line to this file, on its "
+        "node's local disk (null: W&B only).",
+    )
+    record_sample_ids: str | None = Field(
+        None,
+        description="Directory where every rank appends the sample ids of each micro-batch it trains "
+        "(rank<r>.jsonl, on its node's local disk), to check determinism and exact resume; null: off.",
+    )
 
     @model_validator(mode="after")
     def _one_warmup(self) -> TrainConfig:

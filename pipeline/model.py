@@ -1,0 +1,107 @@
+"""Models, chosen by name from a registry; the built-in one is a small decoder-only transformer.
+
+A model is any `nn.Module` whose forward takes `(input_ids, attention_mask, position_ids)`, all
+int64 [B, L] as the collate writes them, and returns logits [B, L, vocab]. The train loop knows
+only this signature, so another model plugs in by adding a `MODELS` entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pipeline.config import ModelConfig
+
+__all__ = ["MODELS", "TinyDecoder", "build_model", "count_parameters"]
+
+
+class _Block(nn.Module):
+    """Pre-norm transformer block: causal self-attention, then a GELU MLP."""
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float):
+        super().__init__()
+        self.n_heads = n_heads
+        self.dropout = dropout
+        self.ln1 = nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        B, L, D = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(B, L, 3, self.n_heads, D // self.n_heads).unbind(2)
+        att = F.scaled_dot_product_attention(
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            attn_mask=mask,
+            dropout_p=self.dropout if self.training else 0.0,
+        )
+        x = x + self.drop(self.proj(att.transpose(1, 2).reshape(B, L, D)))
+        return x + self.drop(self.mlp(self.ln2(x)))
+
+
+class TinyDecoder(nn.Module):
+    """Decoder-only transformer with learned positions and tied input/output embeddings."""
+
+    def __init__(self, cfg: ModelConfig, max_positions: int):
+        super().__init__()
+        self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos = nn.Embedding(max_positions, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(
+            _Block(cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.dropout) for _ in range(cfg.n_layers)
+        )
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.head.weight = self.tok.weight
+        self.apply(_init_weights)
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
+    ) -> torch.Tensor:
+        L = input_ids.shape[1]
+        causal = torch.ones(L, L, dtype=torch.bool, device=input_ids.device).tril()
+        # [B, 1, L, L]: query i sees real keys j <= i. Padding is on the right, so every query
+        # row (padding rows included) keeps key 0 and no softmax row is all -inf.
+        mask = causal[None, None] & attention_mask.bool()[:, None, None, :]
+        x = self.drop(self.tok(input_ids) + self.pos(position_ids))
+        for block in self.blocks:
+            x = block(x, mask)
+        return self.head(self.ln_f(x))
+
+
+def _init_weights(m: nn.Module) -> None:
+    # GPT-2's initialisation: N(0, 0.02) weights, zero biases.
+    if isinstance(m, nn.Linear | nn.Embedding):
+        nn.init.normal_(m.weight, std=0.02)
+    if isinstance(m, nn.Linear) and m.bias is not None:
+        nn.init.zeros_(m.bias)
+
+
+# name -> builder(model config, longest sequence in positions)
+MODELS: dict[str, Callable[[ModelConfig, int], nn.Module]] = {
+    "tiny_decoder": TinyDecoder,
+}
+
+
+def build_model(cfg: ModelConfig, max_positions: int) -> nn.Module:
+    """The registry entry `cfg.name`, built for sequences of up to `max_positions` tokens."""
+    if cfg.name not in MODELS:
+        raise ValueError(
+            f"model.name={cfg.name!r} is not a registered model; choose one of {sorted(MODELS)} "
+            "or add an entry to pipeline.model.MODELS"
+        )
+    return MODELS[cfg.name](cfg, max_positions)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Distinct trainable parameters (tied weights counted once)."""
+    return sum(
+        p.numel() for p in {id(p): p for p in model.parameters() if p.requires_grad}.values()
+    )

@@ -1,0 +1,137 @@
+"""`ray job submit` against a local head with token auth: the job trains and SUCCEEDS, and a
+second submission with the same run name resumes from the first one's checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.ray
+
+REPO = Path(__file__).resolve().parents[2]
+RAY = str(Path(sys.executable).with_name("ray"))
+# Everything the job does not need stays out of the uploaded working dir.
+EXCLUDES = [
+    ".venv",
+    ".git",
+    "data",
+    "runs",
+    "wandb",
+    "out",
+    "tests",
+    "**/__pycache__",
+    "*.egg-info",
+]
+
+
+def _env() -> dict:
+    return {**os.environ, "RAY_AUTH_MODE": "token", "WANDB_MODE": "disabled", "RAY_ADDRESS": ""}
+
+
+def _ray(*args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [RAY, *args],
+        env=_env(),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=check,
+        timeout=timeout,
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def head():
+    if shutil.which(RAY) is None:
+        pytest.skip("ray CLI not found beside the interpreter")
+    # Own ports, so the test never submits to another Ray instance on this machine.
+    gcs, dashboard = _free_port(), _free_port()
+    _ray(
+        "start",
+        "--head",
+        f"--port={gcs}",
+        "--dashboard-host=127.0.0.1",
+        f"--dashboard-port={dashboard}",
+        "--num-cpus=2",
+        "--include-dashboard=true",
+    )
+    try:
+        yield f"http://127.0.0.1:{dashboard}"
+    finally:
+        _ray("stop", check=False)
+
+
+def _submit(address: str, tmp: Path, max_steps: int) -> subprocess.CompletedProcess:
+    overrides = [
+        f"data.synthetic.out_dir={tmp / 'data'}",
+        "data.synthetic.num_samples=300",
+        "data.max_length=64",
+        "model.vocab_size=64",
+        "model.d_model=32",
+        "model.n_layers=1",
+        "model.n_heads=2",
+        "model.d_ff=64",
+        "batching.token_budget=1024",
+        "train.epochs=1",
+        f"train.max_steps={max_steps}",
+        "train.log_every=5",
+        "wandb.mode=disabled",
+        f"checkpoint.storage_path={tmp / 'runs'}",
+        "checkpoint.run_name=submitted",
+    ]
+    entry = [sys.executable, "-m", "jobs.train", "--config", "configs/local.yaml"]
+    for o in overrides:
+        entry += ["--set", o]
+    runtime_env = json.dumps({"working_dir": ".", "excludes": EXCLUDES})
+    return _ray(
+        "job",
+        "submit",
+        "--address",
+        address,
+        "--runtime-env-json",
+        runtime_env,
+        "--",
+        *entry,
+        check=False,
+    )
+
+
+def _job_id(out: str) -> str:
+    m = re.search(r"Job '([^']+)' submitted successfully", out)
+    assert m, out[-3000:]
+    return m.group(1)
+
+
+def test_submitted_job_trains_and_succeeds(head, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("job")
+    proc = _submit(head, tmp, max_steps=10)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    status = _ray("job", "status", "--address", head, _job_id(out)).stdout
+    assert f"Job '{_job_id(out)}' succeeded" in re.sub(r"\x1b\[[0-9;]*m", "", status), status
+    assert "[bucketray] done: trained 10 global steps" in out, out[-4000:]
+    assert list((tmp / "runs" / "submitted").glob("checkpoint_step00000010/state.json"))
+
+
+@pytest.mark.slow
+def test_resubmitted_job_continues_where_the_first_stopped(head, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("job-resume")
+    assert _submit(head, tmp, max_steps=10).returncode == 0
+    proc = _submit(head, tmp, max_steps=15)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "resuming at epoch 0 step 10" in out and "trained 15 global steps" in out, out[-4000:]

@@ -1,0 +1,100 @@
+"""Contract 7, exact resume: a run that fails after step 22 and restarts from its step-15
+checkpoint trains exactly the batches of the uninterrupted run and ends with the same weights."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import ray
+import torch
+
+from pipeline.checkpoint import load_checkpoint
+from pipeline.config import validate
+from pipeline.launch import run
+from pipeline.train import FAIL_AT_STEP_ENV, FAIL_MARKER_ENV
+
+pytestmark = pytest.mark.ray
+
+CHECKPOINT_EVERY, FAIL_AFTER = 15, 22
+
+
+def tiny_config(tmp: Path, name: str) -> dict:
+    return {
+        "data": {
+            "synthetic": {"num_samples": 600, "shards": 2, "out_dir": str(tmp.parent / "data")},
+            "max_length": 64,
+            "over_length": "truncate",
+        },
+        "buckets": {"num_buckets": 2},
+        "batching": {"token_budget": 1024},
+        "model": {"vocab_size": 64, "d_model": 32, "n_layers": 1, "n_heads": 2, "d_ff": 64},
+        "train": {
+            "epochs": 1,
+            "lr": 1e-2,
+            "warmup_steps": 5,
+            "log_every": 5,
+            "record_sample_ids": str(tmp / "ids"),
+        },
+        "wandb": {"mode": "disabled"},
+        "scaling": {"num_workers": 2, "cpus_per_worker": 0.5},
+        "checkpoint": {
+            "storage_path": str(tmp / "runs"),
+            "run_name": name,
+            "every_steps": CHECKPOINT_EVERY,
+            "max_failures": 1,
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(num_cpus=2, include_dashboard=False)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    yield
+    ray.shutdown()
+
+
+def _records(ids_dir: Path) -> list[dict]:
+    return [
+        json.loads(x)
+        for f in sorted(ids_dir.glob("rank*.jsonl"))
+        for x in f.read_text().splitlines()
+    ]
+
+
+def _trained(records: list[dict]) -> dict:
+    """(epoch, step, rank) -> sample ids, the last time each was trained."""
+    return {(r["epoch"], r["step"], r["rank"]): r["ids"] for r in records if "ids" in r}
+
+
+def test_restart_after_failure_trains_the_same_batches_and_weights(cluster, tmp_path, monkeypatch):
+    ref_dir, failed_dir = tmp_path / "reference", tmp_path / "failed"
+    ref = run(validate(tiny_config(ref_dir, "reference")))
+
+    monkeypatch.setenv(FAIL_AT_STEP_ENV, str(FAIL_AFTER))
+    monkeypatch.setenv(FAIL_MARKER_ENV, str(tmp_path / "failed-once"))
+    resumed = run(validate(tiny_config(failed_dir, "failed")))
+
+    # It really failed and restarted from the step-15 checkpoint, on every rank.
+    recs = _records(failed_dir / "ids")
+    starts = sorted((r["rank"], r["step"]) for r in recs if r.get("event") == "start")
+    assert starts == [(0, 0), (0, CHECKPOINT_EVERY), (1, 0), (1, CHECKPOINT_EVERY)]
+    assert resumed.steps == ref.steps > FAIL_AFTER
+
+    # After the restart, exactly the uninterrupted run's batches, step by step and rank by rank.
+    reference = _trained(_records(ref_dir / "ids"))
+    assert _trained(recs) == reference
+    after_restart = {}
+    for rank in (0, 1):
+        mine = [r for r in recs if r["rank"] == rank]
+        restart = max(i for i, r in enumerate(mine) if r.get("event") == "start")
+        after_restart.update({(r["epoch"], r["step"], rank): r["ids"] for r in mine[restart + 1 :]})
+    assert after_restart == {k: v for k, v in reference.items() if k[1] >= CHECKPOINT_EVERY}
+
+    # And the same model at the end (CPU: equal up to float rounding).
+    a, b = load_checkpoint(ref.checkpoint), load_checkpoint(resumed.checkpoint)
+    for k in a.model:
+        torch.testing.assert_close(b.model[k], a.model[k], rtol=1e-5, atol=1e-6)
+    assert resumed.loss == pytest.approx(ref.loss, rel=1e-5)
