@@ -524,7 +524,7 @@ class Feeder:
     def part(self, epoch: int, world_size: int, start_step: int, rank: int) -> dict:
         """Rank `rank`'s plan view and ordered block refs; starts preparing epoch + 1."""
         prep = self._submit((epoch, world_size, start_step)).result()
-        if self.prefetch:
+        if self.prefetch and epoch + 1 < self.cfg.train.epochs:  # no sort nobody will read
             self._submit((epoch + 1, world_size, 0))
         with self._lock:  # parts of older epochs are released (workers still reading hold refs)
             for k in [k for k in self._jobs if k[0] < epoch]:

@@ -93,7 +93,7 @@ class Corpus:
         )
         self.path = str(path)
         self.tokens = write_corpus(self.path, self.lengths)
-        self.cfg = base_cfg(self.path)
+        self.cfg = base_cfg(self.path, train={"epochs": 3})  # epoch 1 exists, so it is prefetched
         self.index = build_length_index(self.cfg)
         self.edges = resolve_edges(self.cfg, self.index.lengths)
         self._streams = {}

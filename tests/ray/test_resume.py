@@ -50,7 +50,7 @@ def tiny_config(tmp: Path, name: str) -> dict:
 
 @pytest.fixture(scope="module")
 def cluster():
-    ray.init(num_cpus=2, include_dashboard=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
     yield
     ray.shutdown()
@@ -69,7 +69,7 @@ def _trained(records: list[dict]) -> dict:
     return {(r["epoch"], r["step"], r["rank"]): r["ids"] for r in records if "ids" in r}
 
 
-def test_restart_after_failure_trains_the_same_batches_and_weights(cluster, tmp_path, monkeypatch):
+def test_contract7_restart_after_failure_trains_the_same_batches_and_weights(cluster, tmp_path, monkeypatch):
     ref_dir, failed_dir = tmp_path / "reference", tmp_path / "failed"
     ref = run(validate(tiny_config(ref_dir, "reference")))
 

@@ -62,7 +62,7 @@ def tiny_config(tmp: Path, **sections) -> dict:
 
 @pytest.fixture(scope="module")
 def cluster():
-    ray.init(num_cpus=2, include_dashboard=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
     yield
     ray.shutdown()
@@ -110,7 +110,7 @@ def test_every_listed_metric_is_logged(trained):
     assert [m["epoch/index"] for m in metrics if "epoch/index" in m] == [0, 1]
 
 
-def test_every_sample_once_per_epoch_on_one_rank(trained):
+def test_contract4_every_sample_once_per_epoch_on_one_rank(trained):
     """Contract 4 seen from inside the loop: the ids the workers actually trained."""
     _, summary, metrics, tmp = trained
     rows = [
@@ -141,7 +141,7 @@ def test_checkpoints_written_kept_and_loadable(trained):
     model.load_state_dict(state.model)  # loadable into a fresh model
 
 
-def test_config_error_and_missing_data_path_are_one_line(cluster, tmp_path):
+def test_contract10_config_error_and_missing_data_path_are_one_line(cluster, tmp_path):
     with pytest.raises(ConfigError, match="train.warmup_ratio"):
         validate(tiny_config(tmp_path, train={"warmup_ratio": 0.1}))
     cfg = validate(tiny_config(tmp_path, data={"path": str(tmp_path / "nowhere")}))

@@ -96,7 +96,7 @@ def _check(pos, cfg=None, plan_hash="abc", world=2, policy="keep_order"):
     )
 
 
-def test_resume_with_another_world_size_keeps_order_or_refuses():
+def test_contract8_resume_with_another_world_size_keeps_order_or_refuses():
     pos = _state(world=2).position
     _check(pos, world=2)
     _check(pos, world=4)  # keep_order: global batches do not depend on the world size
@@ -104,7 +104,7 @@ def test_resume_with_another_world_size_keeps_order_or_refuses():
         _check(pos, world=4, policy="refuse")
 
 
-def test_resume_refuses_changed_batches_or_data():
+def test_contract7_resume_refuses_changed_batches_or_data():
     pos = _state().position
     other = RunConfig.model_validate({"batching": {"token_budget": 1024}})
     with pytest.raises(ResumeError, match="batching.token_budget: 65536 -> 1024"):

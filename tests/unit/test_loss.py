@@ -57,7 +57,7 @@ def test_token_sums_shift_labels_and_count_supervised_only():
     assert correct.item() == 0
 
 
-def test_split_sums_over_global_count_equal_the_full_batch_mean():
+def test_contract9_split_sums_over_global_count_equal_the_full_batch_mean():
     """Sums per micro-batch divided by the global token count is the token mean of the whole
     step, however unevenly the tokens are split (a mean of means would not be)."""
     torch.manual_seed(0)
@@ -78,7 +78,7 @@ def test_split_sums_over_global_count_equal_the_full_batch_mean():
     assert (sum(sums) / total).item() == pytest.approx(mean.item(), rel=1e-5)
 
 
-def test_empty_micro_batch_contributes_zero_but_touches_every_parameter():
+def test_contract9_empty_micro_batch_contributes_zero_but_touches_every_parameter():
     torch.manual_seed(0)
     model = build_model(CFG, 64)
     stats = train_group(model, [micro_batch([])], device=torch.device("cpu"), world_size=1)
@@ -104,7 +104,7 @@ def _ddp_worker(rank: int, world: int, store: str, groups: list, out: str) -> No
     dist.destroy_process_group()
 
 
-def test_ddp_gradient_is_the_gradient_of_the_global_token_mean():
+def test_contract9_ddp_gradient_is_the_gradient_of_the_global_token_mean():
     """2 gloo ranks, 2 accumulated global steps, rank 1 empty at the second: the DDP gradient
     equals the single-process gradient of (all token losses) / (all supervised tokens)."""
     step0 = [_rows(2, 3), _rows(3, 1, 2, 4)]  # rank 0: 3 rows, rank 1: 1 short row
