@@ -3,7 +3,7 @@ PY      := .venv/bin/python
 STAMP   := .venv/.installed
 CONFIG  ?= configs/local.yaml
 
-.PHONY: setup demo test test-all bench lint report clean
+.PHONY: setup demo test test-all bench lint report gpu-smoke clean
 
 setup: $(STAMP)
 
@@ -32,6 +32,10 @@ bench: $(STAMP)
 ## Bucket report on the seed-calibrated 902,087-sample preset.
 report: $(STAMP)
 	$(PY) -m jobs.plan_buckets --preset seed902k --num-buckets auto --json out/report.json --png out/report.png
+
+## On a CUDA machine: GPU tests and a short bf16 run.
+gpu-smoke: $(STAMP)
+	scripts/gpu_smoke.sh
 
 lint: $(STAMP)
 	$(PY) -m ruff check pipeline jobs tests
