@@ -69,7 +69,9 @@ def _trained(records: list[dict]) -> dict:
     return {(r["epoch"], r["step"], r["rank"]): r["ids"] for r in records if "ids" in r}
 
 
-def test_contract7_restart_after_failure_trains_the_same_batches_and_weights(cluster, tmp_path, monkeypatch):
+def test_contract7_restart_after_failure_trains_the_same_batches_and_weights(
+    cluster, tmp_path, monkeypatch
+):
     ref_dir, failed_dir = tmp_path / "reference", tmp_path / "failed"
     ref = run(validate(tiny_config(ref_dir, "reference")))
 
