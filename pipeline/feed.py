@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from pipeline.collate import IGNORE_INDEX, padded_length
@@ -282,7 +283,7 @@ def plan_read_units(index: LengthIndex, sample_ids: np.ndarray, keys: np.ndarray
     """Group planned samples by (file, row group): the read work list and its row/key arrays.
 
     Returns units (file_idx, row_group, row_start) and, ordered by unit then row, the local rows
-    to take, their keys and sample ids, with `ptr` delimiting each unit's slice.
+    to take, their keys, sample ids and indexed lengths, with `ptr` delimiting each unit's slice.
     """
     pos = np.searchsorted(index.sample_ids, sample_ids)
     if sample_ids.size and not np.array_equal(
@@ -309,6 +310,7 @@ def plan_read_units(index: LengthIndex, sample_ids: np.ndarray, keys: np.ndarray
     unit = np.searchsorted(file_base[rg_file] + rg_start, file_base[fidx] + rows, side="right") - 1
     order = np.lexsort((rows, unit))
     unit, rows, keys_o, sids = unit[order], rows[order], keys[order], sample_ids[order]
+    lens = index.lengths[pos][order]
     present, first = np.unique(unit, return_index=True)
     ptr = np.concatenate([first, [unit.size]]).astype(np.int64)
     return {
@@ -317,6 +319,7 @@ def plan_read_units(index: LengthIndex, sample_ids: np.ndarray, keys: np.ndarray
         "local_rows": rows - rg_start[unit],
         "keys": keys_o,
         "sample_ids": sids,
+        "lengths": lens,
         "ptr": ptr,
     }
 
@@ -342,10 +345,17 @@ def _read_units(
         path = files[f]
         lo, hi = u["ptr"][j], u["ptr"][j + 1]
         local, keys, sids = u["local_rows"][lo:hi], u["keys"][lo:hi], u["sample_ids"][lo:hi]
-        pf = pq.ParquetFile(fs.open_input_file(path))
-        cols = ["input_ids"] + (["sample_id"] if has_sid[f] else [])
-        cols += [c for c in ("loss_mask", "labels") if c in pf.schema_arrow.names]
-        t = pf.read_row_group(g, columns=cols)
+        try:
+            pf = pq.ParquetFile(fs.open_input_file(path))
+            cols = ["input_ids"] + (["sample_id"] if has_sid[f] else [])
+            cols += [c for c in ("loss_mask", "labels") if c in pf.schema_arrow.names]
+            t = pf.read_row_group(g, columns=cols)
+        except (OSError, pa.ArrowException) as e:  # pyarrow's message does not name the file
+            raise DataError(
+                f"{path}: row group {g} is no longer readable ({type(e).__name__}: {e}): the file "
+                "changed since indexing; restore it, or delete the index cache to re-index it "
+                "(data.on_bad_rows then decides)"
+            ) from e
         if not (local.size == t.num_rows and np.array_equal(local, np.arange(t.num_rows))):
             t = t.take(pa.array(local))  # resume or quarantine: keep only planned rows
         if has_sid[f]:
@@ -378,6 +388,14 @@ def _read_units(
             vals = vals[idx]
             sup = None if sup is None else sup[idx]
             lens = keep
+        changed = np.flatnonzero(lens != u["lengths"][lo:hi])
+        if changed.size:
+            i = int(changed[0])
+            raise DataError(
+                f"{path}: row group {g} row {int(local[i])} (sample_id {int(sids[i])}) has length "
+                f"{int(lens[i])}, the index says {int(u['lengths'][lo + i])}: the file changed "
+                "since indexing; delete the index cache"
+            )
         offsets = pa.array(np.concatenate([[0], np.cumsum(lens)]).astype(np.int64))
         cols_out = {
             "key": pa.array(keys, pa.int64()),
@@ -411,7 +429,13 @@ class Feeder:
     """Builds and holds each epoch's sorted per-rank parts; see the module docstring."""
 
     def __init__(
-        self, cfg: dict, index: LengthIndex, edges: list[int], path: str, prefetch: bool = True
+        self,
+        cfg: dict,
+        index: LengthIndex,
+        edges: list[int],
+        path: str,
+        prefetch: bool = True,
+        fs: pafs.FileSystem | None = None,
     ):
         import ray.data
 
@@ -420,7 +444,7 @@ class Feeder:
         self.edges = [int(e) for e in edges]
         self.path = path
         self.prefetch = prefetch
-        self.fs, _ = filesystem_for(path)
+        self.fs = fs if fs is not None else filesystem_for(path)[0]
         ctx = ray.data.DataContext.get_current()
         # Keys fix the order; preserve_order also keeps block order independent of scheduling.
         ctx.execution_options.preserve_order = True
@@ -571,7 +595,16 @@ def start_feeder(
     node = ray.get_runtime_context().get_node_id()
     handle = actor_cls.options(
         name=name, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
-    ).remote(cfg.model_dump(mode="json"), index, list(edges), path, prefetch)
+    ).remote(
+        cfg.model_dump(mode="json"),
+        index,
+        list(edges),
+        path,
+        prefetch,
+        # Resolved here so the actor reads with the driver's endpoint (AWS_ENDPOINT_URL), as the
+        # index scan does; a pickled filesystem carries the endpoint, never the credentials.
+        filesystem_for(path)[0],
+    )
     _FEEDERS[name] = handle
     return handle
 
