@@ -15,7 +15,7 @@ and inside each Ray Train worker:
 """
 
 from pipeline.epochs import auto_edges, epoch_plan_for, resolve_edges
-from pipeline.feed import MicroBatch, deliver, pad_rows, rank_batches, start_feeder, stop_feeder
+from pipeline.feed import MicroBatch, deliver, rank_batches, start_feeder, stop_feeder
 from pipeline.index import DataError, LengthIndex, build_length_index, resolve_data_path
 
 __all__ = [
@@ -26,7 +26,6 @@ __all__ = [
     "build_length_index",
     "deliver",
     "epoch_plan_for",
-    "pad_rows",
     "rank_batches",
     "resolve_data_path",
     "resolve_edges",

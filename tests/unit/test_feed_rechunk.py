@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.collate import IGNORE_INDEX, collate
+from pipeline.collate import IGNORE_INDEX
 from pipeline.config import BatchingConfig
-from pipeline.feed import deliver, pad_rows
+from pipeline.feed import deliver
 from pipeline.plan import epoch_plan
 
 EDGES = [0, 8, 24, 64]
@@ -145,27 +145,6 @@ def test_contract4_empty_micro_batch_is_zero_by_zero():
     )
     assert len(got) == plan.num_steps
     assert all(mb.input_ids.shape == (0, 0) and mb.num_real_tokens == 0 for mb in got)
-
-
-def test_pad_rows_equals_core_collate():
-    rng = np.random.default_rng(1)
-    lens = rng.integers(1, 60, 17)
-    offsets = np.concatenate([[0], np.cumsum(lens)])
-    vals = rng.integers(0, 500, offsets[-1]).astype(np.int32)
-    mask = (rng.random(vals.size) < 0.5).astype(np.int8)
-    for sup, kw in (("", {}), ("loss_mask", {"loss_mask": mask})):
-        ours = pad_rows(
-            vals,
-            lens,
-            upper=64,
-            pad_to_multiple_of=8,
-            pad_id=3,
-            supervision=sup,
-            sup_values=mask if sup else None,
-        )
-        core = collate(vals, offsets, upper=64, pad_to_multiple_of=8, pad_id=3, **kw)
-        for k, v in ours.items():
-            assert np.array_equal(v, core[k]), k
 
 
 def test_stream_out_of_plan_order_raises_naming_rank_step_and_ids():
