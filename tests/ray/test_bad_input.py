@@ -10,7 +10,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import ray
 
 from pipeline.config import RunConfig
 from pipeline.data import DataError, build_length_index, rank_batches, start_feeder
@@ -20,15 +19,6 @@ pytestmark = pytest.mark.ray
 VOCAB = 100
 EDGES = [0, 32, 64]
 ROWS = 40  # per good file; sample ids 1000 * file + row
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    # address="local": a fresh cluster even when another `ray start` runs on this machine.
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    yield
-    ray.shutdown()
 
 
 def good_rows(f: int, n: int = ROWS, seed: int = 0):

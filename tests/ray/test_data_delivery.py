@@ -36,15 +36,6 @@ VOCAB = 100
 COUNTS = (16 * 40 + 1, 8 * 50 + 2, 4 * 100 + 1)
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    # address="local": a fresh cluster even when another `ray start` runs on this machine.
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    yield
-    ray.shutdown()
-
-
 def write_corpus(
     path, lengths, *, seed=0, shards=3, rows_per_group=200, sample_ids=None, extra=None
 ):

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-import ray
 import torch
 
 from pipeline.checkpoint import load_checkpoint
@@ -46,14 +45,6 @@ def tiny_config(tmp: Path, name: str) -> dict:
             "max_failures": 1,
         },
     }
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    yield
-    ray.shutdown()
 
 
 def _records(ids_dir: Path) -> list[dict]:

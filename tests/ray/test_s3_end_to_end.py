@@ -110,11 +110,9 @@ def s3(s3_env) -> pafs.S3FileSystem:
 
 
 @pytest.fixture(scope="module")
-def cluster(s3_env):
-    ctx = ray.init(address="local", num_cpus=2, include_dashboard=False)
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    yield ctx
-    ray.shutdown()
+def cluster(s3_env, cluster):
+    # The conftest cluster, started after s3_env so every Ray process inherits the endpoint.
+    return cluster
 
 
 @pytest.fixture(scope="module")

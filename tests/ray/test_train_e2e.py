@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import ray
 
 from pipeline.checkpoint import load_checkpoint
 from pipeline.config import ConfigError, validate
@@ -58,14 +57,6 @@ def tiny_config(tmp: Path, **sections) -> dict:
     for name, values in sections.items():
         cfg[name] = {**cfg.get(name, {}), **values}
     return cfg
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
