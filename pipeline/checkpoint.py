@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from pipeline.config import RunConfig
 
 __all__ = [
     "POSITION_VERSION",
+    "SAVE_FAIL_ENV",
     "CheckpointError",
     "ResumeError",
     "DataPosition",
@@ -41,6 +43,9 @@ __all__ = [
 
 POSITION_VERSION = 1
 STATE_FILE = "state.json"
+# Fault injection for tests: rank 0 SIGKILLs itself between model.pt and optimizer.pt while
+# saving the checkpoint of global step N, once (marked by "<BUCKETRAY_FAIL_MARKER>.save").
+SAVE_FAIL_ENV = "BUCKETRAY_DIE_SAVING_STEP"
 
 
 class CheckpointError(RuntimeError):
@@ -133,6 +138,14 @@ def _save_tensor_file(obj: Any, path: Path) -> None:
     os.replace(tmp, path)
 
 
+def _maybe_die_saving(steps_done: int) -> None:
+    at, marker = os.environ.get(SAVE_FAIL_ENV), os.environ.get("BUCKETRAY_FAIL_MARKER")
+    if at is None or marker is None or steps_done != int(at) or os.path.exists(marker + ".save"):
+        return
+    Path(marker + ".save").touch()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def save_checkpoint(directory: str | os.PathLike, state: TrainState, *, rank: int) -> None:
     """Write this rank's part of the checkpoint. Rank 0 writes state.json last, so a directory
     interrupted mid-write is recognisably incomplete."""
@@ -143,6 +156,7 @@ def save_checkpoint(directory: str | os.PathLike, state: TrainState, *, rank: in
     if rank != 0:
         return
     _save_tensor_file(state.model, d / "model.pt")
+    _maybe_die_saving(state.position.steps_done)
     _save_tensor_file(state.optimizer, d / "optimizer.pt")
     _save_tensor_file(
         {"scheduler": state.scheduler, "counters": state.counters, "tracker": state.tracker},

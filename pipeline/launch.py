@@ -18,16 +18,23 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.checkpoint import SAVE_FAIL_ENV
 from pipeline.config import ConfigError, RunConfig
 from pipeline.metrics import padding_efficiency
 from pipeline.plan import EpochPlan, steps_per_epoch
-from pipeline.train import FAIL_AT_STEP_ENV, FAIL_MARKER_ENV, LoopInputs, train_loop
+from pipeline.train import (
+    FAIL_AT_STEP_ENV,
+    FAIL_MARKER_ENV,
+    FAIL_RANK_ENV,
+    LoopInputs,
+    train_loop,
+)
 
 __all__ = ["TrainSummary", "epoch_metrics", "storage_path", "run_dir", "run"]
 
 # Environment forwarded from the driver to the workers: W&B mode (never the key) and the
 # fault-injection knobs tests use. A cluster provides WANDB_API_KEY to its workers itself.
-FORWARDED_ENV = ("WANDB_MODE", FAIL_AT_STEP_ENV, FAIL_MARKER_ENV)
+FORWARDED_ENV = ("WANDB_MODE", FAIL_AT_STEP_ENV, FAIL_MARKER_ENV, FAIL_RANK_ENV, SAVE_FAIL_ENV)
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,32 @@ def storage_path(cfg: RunConfig) -> str:
     """checkpoint.storage_path, made absolute when it is a local path (Ray Train needs that)."""
     p = cfg.checkpoint.storage_path
     return p if "://" in p else os.path.abspath(os.path.expanduser(p))
+
+
+def _storage(cfg: RunConfig):
+    """(storage_path, storage_filesystem) for Ray Train's RunConfig.
+
+    A URI is resolved here, on the driver: Ray Train's controller would otherwise resolve it
+    from its own environment, so an endpoint set only for the job's driver (AWS_ENDPOINT_URL)
+    would not reach it. The filesystem carries the endpoint, never the credentials.
+    """
+    from pipeline.index import filesystem_for
+
+    p = storage_path(cfg)
+    if "://" not in p:
+        return p, None
+    fs, path = filesystem_for(p)
+    return path, fs
+
+
+def _checkpoint_uri(checkpoint) -> str | None:
+    """Where a Ray Train checkpoint lives, with the scheme Ray strips from its path (s3://...)."""
+    if checkpoint is None:
+        return None
+    fs = checkpoint.filesystem
+    if fs is None or fs.type_name == "local":
+        return checkpoint.path
+    return f"{fs.type_name}://{checkpoint.path}"
 
 
 def run_dir(cfg: RunConfig) -> str:
@@ -144,6 +177,7 @@ def run(cfg: RunConfig) -> TrainSummary:
     resources = {"CPU": cfg.scaling.cpus_per_worker}
     if cfg.scaling.use_gpu:
         resources["GPU"] = 1
+    train_storage_path, train_storage_fs = _storage(cfg)
     trainer = TorchTrainer(
         train_loop,
         train_loop_config=inputs.to_dict(),
@@ -152,7 +186,8 @@ def run(cfg: RunConfig) -> TrainSummary:
         ),
         run_config=ray.train.RunConfig(
             name=cfg.checkpoint.run_name,
-            storage_path=storage_path(cfg),
+            storage_path=train_storage_path,
+            storage_filesystem=train_storage_fs,
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.checkpoint.keep_last),
             failure_config=ray.train.FailureConfig(max_failures=cfg.checkpoint.max_failures),
             worker_runtime_env={
@@ -171,6 +206,6 @@ def run(cfg: RunConfig) -> TrainSummary:
         samples=int(m.get("samples", 0)),
         loss=float(m.get("loss", float("nan"))),
         padding_efficiency=float(m.get("padding_efficiency", float("nan"))),
-        checkpoint=result.checkpoint.path if result.checkpoint else None,
+        checkpoint=_checkpoint_uri(result.checkpoint),
         seconds=time.perf_counter() - t0,
     )

@@ -52,12 +52,15 @@ __all__ = [
     "train_group",
     "FAIL_AT_STEP_ENV",
     "FAIL_MARKER_ENV",
+    "FAIL_RANK_ENV",
 ]
 
 # Fault injection for tests: fail every rank once, right after global step N has been trained
 # (and checkpointed if due). The marker path makes it happen once per rank across restarts.
+# BUCKETRAY_FAIL_RANK limits it to one rank (the others then wait in the next collective).
 FAIL_AT_STEP_ENV = "BUCKETRAY_FAIL_AT_STEP"
 FAIL_MARKER_ENV = "BUCKETRAY_FAIL_MARKER"
+FAIL_RANK_ENV = "BUCKETRAY_FAIL_RANK"
 
 
 @dataclass(frozen=True)
@@ -222,6 +225,8 @@ def _maybe_fail(steps_done: int, rank: int) -> None:
     marker = os.environ.get(FAIL_MARKER_ENV)
     if at is None or marker is None or steps_done != int(at):
         return
+    if os.environ.get(FAIL_RANK_ENV, str(rank)) != str(rank):
+        return
     mark = Path(f"{marker}.rank{rank}")
     if mark.exists():
         return
@@ -231,7 +236,8 @@ def _maybe_fail(steps_done: int, rank: int) -> None:
 
 
 class _SampleRecorder:
-    """Appends (epoch, step, rank, bucket, sample ids) per micro-batch to <dir>/rank<r>.jsonl."""
+    """Appends (epoch, step, rank, bucket, sample ids) per micro-batch to <dir>/rank<r>.jsonl;
+    each (re)start first writes a start event with the worker's pid (fault tests kill it)."""
 
     def __init__(self, directory: str | None, rank: int):
         self.path = Path(directory) / f"rank{rank}.jsonl" if directory else None
@@ -240,7 +246,9 @@ class _SampleRecorder:
             self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def start(self, epoch: int, step: int) -> None:
-        self._write({"event": "start", "epoch": epoch, "step": step, "rank": self.rank})
+        self._write(
+            {"event": "start", "epoch": epoch, "step": step, "rank": self.rank, "pid": os.getpid()}
+        )
 
     def record(self, epoch: int, stats: GroupStats) -> None:
         for step, bucket, ids in zip(stats.steps, stats.buckets, stats.sample_ids, strict=True):
