@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.ray
+# The default suite submits through infra/submit.sh (tests/ray/test_submit_script.py); this
+# module repeats it with the bare CLI and adds the resubmit-resumes case, so it runs in test-all.
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).with_name("ray"))
