@@ -1,0 +1,162 @@
+"""Benchmark section 3: training-signal quality, from plans and from a run's logged metrics.
+
+Batch recomposition compares the micro-batches of epochs 0 and 1 of the same planner the
+training loop uses. With batches of B samples drawn from a pool of n, a fresh shuffle still
+re-pairs some samples by chance: a batch holds B(B-1)/2 pairs and each pair shared an epoch-0
+batch with probability ~(B-1)/(n-1), so the expected share of batches with a repeated pair is
+1 - exp(-B(B-1)/2 * (B-1)/(n-1)); `expected_recomposition` gives that floor for a plan's own
+batch and bucket sizes, so a measured share can be read against what chance alone allows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from pipeline.config import BatchingConfig, PlanConfig
+from pipeline.metrics import BucketLossTracker, batch_recomposition, switch_rate
+from pipeline.plan import EpochPlan, epoch_plan
+from pipeline.report import megabatch_order
+
+__all__ = [
+    "repeated_pair_share",
+    "expected_recomposition",
+    "recomposition_table",
+    "loss_readability",
+]
+
+
+def repeated_pair_share(
+    ids_a: np.ndarray, offsets_a: np.ndarray, ids_b: np.ndarray, offsets_b: np.ndarray
+) -> float:
+    """Share of all sample pairs sharing a micro-batch in epoch b that also shared one in epoch a
+    (sorted-static: 1.0; a fresh shuffle of pools of n: ~(B-1)/(n-1)). The pair-level companion
+    of `metrics.batch_recomposition`, which flags a whole batch for a single repeated pair."""
+    ids_a, ids_b = np.asarray(ids_a, dtype=np.int64), np.asarray(ids_b, dtype=np.int64)
+    mb_a = np.repeat(np.arange(np.size(offsets_a) - 1), np.diff(offsets_a))
+    prev = np.full(int(max(ids_a.max(initial=0), ids_b.max(initial=0))) + 1, -1, dtype=np.int64)
+    prev[ids_a] = mb_a
+    mb_b = np.repeat(np.arange(np.size(offsets_b) - 1), np.diff(offsets_b))
+    p = prev[ids_b]
+    seen = p >= 0
+    # Samples of one epoch-b batch that came from the same epoch-a batch: c of them form c(c-1)/2
+    # repeated pairs.
+    _, c = np.unique(mb_b[seen] * (mb_a.size + 1) + p[seen], return_counts=True)
+    sizes = np.diff(offsets_b).astype(np.float64)
+    total = float((sizes * (sizes - 1) / 2).sum())
+    return float((c * (c - 1) / 2).sum() / total) if total else 0.0
+
+
+def _plan(lengths, edges, batching, policy: str, epoch: int, seed: int) -> EpochPlan:
+    return epoch_plan(
+        lengths,
+        edges,
+        seed=seed,
+        epoch=epoch,
+        world_size=1,
+        batching=batching,
+        plan=PlanConfig(policy=policy, seed=seed),
+    )
+
+
+def expected_recomposition(plan: EpochPlan) -> float:
+    """Share of micro-batches expected to repeat a pair under a fresh within-bucket shuffle,
+    for this plan's batch sizes and bucket sizes (world size 1: a step is one micro-batch)."""
+    sizes = np.diff(plan.step_offsets).astype(np.float64)
+    b = plan.step_bucket
+    n = np.bincount(b, weights=sizes)  # samples per bucket
+    mean_b = n / np.maximum(np.bincount(b), 1)  # the partner pool a sample had last epoch
+    nonempty = sizes > 0
+    pairs = sizes * (sizes - 1) / 2
+    p_pair = (mean_b[b] - 1) / np.maximum(n[b] - 1, 1)
+    return float(np.mean(1 - np.exp(-pairs * p_pair)[nonempty]))
+
+
+def _megabatch_recomposition(lengths: np.ndarray, batch_size: int, seed: int) -> dict:
+    """HF group_by_length: epoch e's order reshuffled with (seed, e), cut into fixed batches."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    n = lengths.size
+    offsets = np.append(np.arange(0, n, batch_size), n)  # fixed batches, the last one partial
+    a = megabatch_order(lengths, batch_size, (seed, 0))
+    b = megabatch_order(lengths, batch_size, (seed, 1))
+    return {
+        "recomposition": batch_recomposition(a, offsets, b, offsets),
+        "repeated_pairs": repeated_pair_share(a, offsets, b, offsets),
+    }
+
+
+def recomposition_table(
+    lengths: np.ndarray,
+    edge_sets: Mapping[str, Sequence[int]],
+    batching: BatchingConfig,
+    *,
+    seed: int = 0,
+) -> list[dict]:
+    """Per policy: recomposition between epochs 0 and 1, its chance floor, and the bucket switch
+    rate of epoch 1 (observed and expected under independent draws).
+
+    `edge_sets` names the bucketed policies; sorted-static, random and megabatch come first.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    top = [0, int(lengths.max())]
+    rows = []
+    policies = [("sorted", "sorted", top), ("random", "random", top)]
+    policies += [(name, "bucketed", edges) for name, edges in edge_sets.items()]
+    for name, policy, edges in policies:
+        p0, p1 = (_plan(lengths, edges, batching, policy, e, seed) for e in (0, 1))
+        _, off0 = p0.micro_batch_lengths()
+        _, off1 = p1.micro_batch_lengths()
+        observed, expected_switch = switch_rate(p1.step_bucket)
+        rows.append(
+            {
+                "name": name,
+                "recomposition": batch_recomposition(p0.sample_ids, off0, p1.sample_ids, off1),
+                "repeated_pairs": repeated_pair_share(p0.sample_ids, off0, p1.sample_ids, off1),
+                # sorted-static repeats its batches by construction: no chance floor applies.
+                "chance_floor": None if policy == "sorted" else expected_recomposition(p1),
+                "num_buckets": p1.num_buckets,
+                "steps": p1.num_steps,
+                "mean_batch": float(p1.num_samples / max(p1.num_steps, 1)),
+                "switch_rate": observed if p1.num_buckets > 1 else None,
+                "switch_rate_expected": expected_switch if p1.num_buckets > 1 else None,
+            }
+        )
+    if batching.mode == "fixed":
+        # Megabatch is not a planner policy; rebuild its fixed-size batches from two epochs' orders.
+        B = batching.batch_size
+        mb = {
+            "name": "megabatch",
+            **_megabatch_recomposition(lengths, B, seed),
+            "chance_floor": None,
+            "num_buckets": None,
+            "steps": -(-lengths.size // B),
+            "mean_batch": float(B),
+            "switch_rate": None,
+            "switch_rate_expected": None,
+        }
+        rows.insert(2, mb)
+    return rows
+
+
+def loss_readability(curves: dict, skip: int = 0) -> dict:
+    """Step-to-step variance of the raw and the bucket-debiased loss over the same steps.
+
+    Variance of first differences: a slow trend barely contributes, the jumps a bucket change
+    causes do. `skip` leaves out the first steps, before every bucket's running loss exists.
+    """
+    raw = np.array([v for _, v in curves["loss"]], dtype=np.float64)[skip:]
+    deb = np.array([v for _, v in curves["loss_debiased"]], dtype=np.float64)[skip:]
+    var_raw = float(np.var(np.diff(raw))) if raw.size > 2 else float("nan")
+    var_deb = float(np.var(np.diff(deb))) if deb.size > 2 else float("nan")
+    buckets = np.asarray(curves.get("bucket", []))
+    return {
+        "steps": int(raw.size),
+        "skipped": skip,
+        "buckets_seen": int(np.unique(buckets).size),
+        "visits_per_bucket": float(buckets.size / max(np.unique(buckets).size, 1)),
+        "tracker_decay": BucketLossTracker(1).decay,
+        "diff_var_raw": var_raw,
+        "diff_var_debiased": var_deb,
+        "ratio": var_deb / var_raw if var_raw > 0 else float("nan"),
+    }
