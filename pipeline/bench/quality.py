@@ -156,6 +156,7 @@ def loss_readability(curves: dict, skip: int = 0) -> dict:
         "buckets_seen": int(np.unique(buckets).size),
         "visits_per_bucket": float(buckets.size / max(np.unique(buckets).size, 1)),
         "tracker_decay": BucketLossTracker(1).decay,
+        "tracker_prior_visits": BucketLossTracker(1).prior_visits,
         "diff_var_raw": var_raw,
         "diff_var_debiased": var_deb,
         "ratio": var_deb / var_raw if var_raw > 0 else float("nan"),

@@ -20,6 +20,7 @@ from pipeline.checkpoint import (
     set_rng_state,
 )
 from pipeline.config import RunConfig
+from pipeline.metrics import BucketLossTracker
 
 EDGES = [0, 64, 128]
 
@@ -39,7 +40,7 @@ def _state(world: int = 2) -> TrainState:
         position=DataPosition(1, 7, "abc", world, gb, 27),
         wandb_run_id="run123",
         counters={"updates": 27, "tokens": 1e6},
-        tracker={"bucket_mean": [1.0, float("nan")], "overall": 1.0, "decay": 0.98},
+        tracker=BucketLossTracker(2).state_dict(),
         rng=rng_state(),
     )
 
