@@ -273,6 +273,32 @@ class ScalingConfig(_Section):
     cpus_per_worker: PositiveFloat = Field(
         1.0, description="CPUs reserved per worker (fractions allowed)."
     )
+    min_workers: PositiveInt | None = Field(
+        None,
+        description="Elastic training: Ray Train may (re)start the run with between min_workers "
+        "and num_workers workers, e.g. after losing a node; the global batches stay the same "
+        "(contract 8). Null: exactly num_workers, and a lost node makes the run wait for capacity.",
+    )
+    resources_per_worker: dict[str, float] = Field(
+        default_factory=dict,
+        description="Extra Ray resources each worker reserves besides CPU/GPU, e.g. a custom "
+        "resource that only certain nodes have.",
+    )
+
+    @model_validator(mode="after")
+    def _elastic_range(self) -> ScalingConfig:
+        if self.min_workers is not None and self.min_workers > self.num_workers:
+            raise ValueError(
+                f"scaling.min_workers={self.min_workers} exceeds scaling.num_workers="
+                f"{self.num_workers}: lower min_workers or raise num_workers"
+            )
+        return self
+
+    def ray_num_workers(self) -> int | tuple[int, int]:
+        """What ray.train.ScalingConfig takes: a count, or an elastic (min, max) range."""
+        if self.min_workers is None or self.min_workers == self.num_workers:
+            return self.num_workers
+        return (self.min_workers, self.num_workers)
 
 
 class CheckpointConfig(_Section):
@@ -326,6 +352,11 @@ class RunConfig(_Section):
             msgs.append("batching.batch_size has no effect with batching.mode=token_budget")
         if self.buckets.edges is not None and "num_buckets" in self.buckets.model_fields_set:
             msgs.append("buckets.num_buckets has no effect when buckets.edges is given")
+        if self.scaling.min_workers is not None and self.plan.on_world_size_change == "refuse":
+            msgs.append(
+                "scaling.min_workers lets Ray Train resize the run, but "
+                "plan.on_world_size_change=refuse will stop a resized resume"
+            )
         if self.data.path is not None and "synthetic" in self.data.model_fields_set:
             msgs.append("data.synthetic has no effect when data.path is set")
         for m in msgs:

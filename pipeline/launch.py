@@ -174,7 +174,7 @@ def run(cfg: RunConfig) -> TrainSummary:
         epochs=epochs,
         wandb_dir=str(Path(wandb_dir).absolute()) if "://" not in wandb_dir else "wandb",
     )
-    resources = {"CPU": cfg.scaling.cpus_per_worker}
+    resources = {**cfg.scaling.resources_per_worker, "CPU": cfg.scaling.cpus_per_worker}
     if cfg.scaling.use_gpu:
         resources["GPU"] = 1
     train_storage_path, train_storage_fs = _storage(cfg)
@@ -182,7 +182,9 @@ def run(cfg: RunConfig) -> TrainSummary:
         train_loop,
         train_loop_config=inputs.to_dict(),
         scaling_config=ray.train.ScalingConfig(
-            num_workers=world, use_gpu=cfg.scaling.use_gpu, resources_per_worker=resources
+            num_workers=cfg.scaling.ray_num_workers(),
+            use_gpu=cfg.scaling.use_gpu,
+            resources_per_worker=resources,
         ),
         run_config=ray.train.RunConfig(
             name=cfg.checkpoint.run_name,

@@ -6,8 +6,8 @@ for capacity (it retries the worker-group start; `FailureConfig.controller_failu
 default, so it waits indefinitely) and finishes with the same world size once a node returns;
 with an elastic `num_workers=(min, max)` it restarts on what remains, and our loop resumes with
 the same global batches (contract 8, `plan.on_world_size_change=keep_order`) or refuses with a
-clear message (`refuse`). The project's config has a fixed `scaling.num_workers`; these tests
-reach the elastic and one-worker-per-node settings by wrapping `ray.train.ScalingConfig`.
+clear message (`refuse`). The config reaches both: `scaling.min_workers` makes the run elastic,
+and `scaling.resources_per_worker` pins one worker per node with a resource only worker nodes have.
 """
 
 from __future__ import annotations
@@ -52,17 +52,11 @@ def two_nodes():
     cluster.shutdown()
 
 
-def _scaling(monkeypatch, *, elastic: bool) -> None:
-    """Each worker also takes one SLOT; `elastic` turns num_workers=n into (1, n)."""
-    real = ray.train.ScalingConfig
-
-    def scaling_config(**kw):
-        kw["resources_per_worker"] = {**kw["resources_per_worker"], SLOT: 1}
-        if elastic:
-            kw["num_workers"] = (1, kw["num_workers"])
-        return real(**kw)
-
-    monkeypatch.setattr(ray.train, "ScalingConfig", scaling_config)
+def _scaling(*, elastic: bool) -> list[str]:
+    """Overrides: each worker also takes one SLOT; `elastic` lets the run go down to 1 worker."""
+    return [f"scaling.resources_per_worker={{{SLOT}: 1}}"] + (
+        ["scaling.min_workers=1"] if elastic else []
+    )
 
 
 def _run_in_thread(cfg) -> tuple[threading.Thread, dict]:
@@ -82,11 +76,10 @@ def _run_in_thread(cfg) -> tuple[threading.Thread, dict]:
 
 
 def test_contract7_lost_node_fixed_size_waits_then_resumes_exact_batches(
-    two_nodes, reference, fault_data, tmp_path, monkeypatch
+    two_nodes, reference, fault_data, tmp_path
 ):
     cluster, nodes = two_nodes
-    _scaling(monkeypatch, elastic=False)
-    cfg = fault_config(fault_data, tmp_path, "lost-node-fixed")
+    cfg = fault_config(fault_data, tmp_path, "lost-node-fixed", *_scaling(elastic=False))
     watcher, info = kill_when(
         tmp_path / "ids", after_steps=25, rank=1, kill=lambda pid: cluster.remove_node(nodes[1])
     )
@@ -121,11 +114,10 @@ def test_contract7_lost_node_fixed_size_waits_then_resumes_exact_batches(
 
 
 def test_contract8_lost_node_elastic_resumes_on_one_worker_same_global_batches(
-    two_nodes, reference, fault_data, tmp_path, monkeypatch
+    two_nodes, reference, fault_data, tmp_path
 ):
     cluster, nodes = two_nodes
-    _scaling(monkeypatch, elastic=True)
-    cfg = fault_config(fault_data, tmp_path, "lost-node-elastic")
+    cfg = fault_config(fault_data, tmp_path, "lost-node-elastic", *_scaling(elastic=True))
     watcher, info = kill_when(
         tmp_path / "ids", after_steps=25, rank=1, kill=lambda pid: cluster.remove_node(nodes[1])
     )
@@ -148,11 +140,16 @@ def test_contract8_lost_node_elastic_resumes_on_one_worker_same_global_batches(
 
 
 def test_contract8_lost_node_elastic_refuses_when_config_forbids_resizing(
-    two_nodes, fault_data, tmp_path, monkeypatch
+    two_nodes, fault_data, tmp_path
 ):
     cluster, nodes = two_nodes
-    _scaling(monkeypatch, elastic=True)
-    cfg = fault_config(fault_data, tmp_path, "lost-node-refuse", "plan.on_world_size_change=refuse")
+    cfg = fault_config(
+        fault_data,
+        tmp_path,
+        "lost-node-refuse",
+        "plan.on_world_size_change=refuse",
+        *_scaling(elastic=True),
+    )
     watcher, info = kill_when(
         tmp_path / "ids", after_steps=25, rank=1, kill=lambda pid: cluster.remove_node(nodes[1])
     )

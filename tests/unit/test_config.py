@@ -67,3 +67,14 @@ def test_inert_knob_warns():
     cfg = load_config(None, ["batching.mode=fixed", "batching.token_budget=1000"])
     with pytest.warns(UserWarning, match="token_budget has no effect"):
         cfg.warn_inert_knobs()
+
+
+def test_contract8_elastic_scaling_range_and_its_errors():
+    cfg = load_config(None, ["scaling.num_workers=4", "scaling.min_workers=2"])
+    assert cfg.scaling.ray_num_workers() == (2, 4)
+    assert load_config(None, ["scaling.num_workers=4"]).scaling.ray_num_workers() == 4
+    with pytest.raises(ConfigError, match="scaling.min_workers=5 exceeds scaling.num_workers=4"):
+        load_config(None, ["scaling.num_workers=4", "scaling.min_workers=5"])
+    contradictory = load_config(None, ["scaling.min_workers=1", "plan.on_world_size_change=refuse"])
+    with pytest.warns(UserWarning, match="will stop a resized resume"):
+        contradictory.warn_inert_knobs()
