@@ -38,6 +38,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help=f"also measure delivery on the full {PRESETS['seed902k']:,}-sample corpus (~1 GB)",
     )
+    p.add_argument(
+        "--readme",
+        default="README.md",
+        help="file whose headline block (between the bench:headline markers) is replaced with the "
+        "generated headline; skipped if the file or its markers are missing (default %(default)s)",
+    )
     p.add_argument("--skip-training", action="store_true", help="skip section 2 (Ray Train runs)")
     p.add_argument("--skip-delivery", action="store_true", help="skip section 4 (Ray Data)")
     p.add_argument(
@@ -80,6 +86,18 @@ def options(args: argparse.Namespace) -> SuiteOptions:
     return opts
 
 
+HEADLINE_START = "<!-- bench:headline:start (written by make bench) -->"
+HEADLINE_END = "<!-- bench:headline:end -->"
+
+
+def splice_headline(text: str, headline: str) -> str | None:
+    """`text` with the block between the headline markers replaced, or None without markers."""
+    a, b = text.find(HEADLINE_START), text.find(HEADLINE_END)
+    if a < 0 or b < a:
+        return None
+    return text[: a + len(HEADLINE_START)] + "\n" + headline.strip() + "\n" + text[b:]
+
+
 def _saver(path: str):
     def save(results: dict) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -110,6 +128,12 @@ def main(argv: list[str] | None = None) -> int:
     # The README's headline: the same table, generated, for the README to include or copy.
     headline = Path(args.plots) / "headline.md"
     headline.write_text(render_headline(results, doc_path=args.out) + "\n")
+    readme = Path(args.readme)
+    if readme.is_file():
+        spliced = splice_headline(readme.read_text(), headline.read_text())
+        if spliced is not None:
+            readme.write_text(spliced)
+            log(f"updated the headline in {readme}")
     log(
         f"wrote {args.out}, {args.json}, {headline} and {len(results['plots'])} plots in "
         f"{args.plots}/"

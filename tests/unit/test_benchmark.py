@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -295,3 +296,14 @@ def test_quick_benchmark_writes_document_json_and_plots(tmp_path):
     # Re-rendering from the JSON measures nothing and gives the same document.
     assert main([*argv, "--from-json", str(js)]) == 0
     assert out.read_text() == doc
+
+
+def test_readme_headline_block_is_replaced_between_markers_only():
+    from jobs.benchmark import HEADLINE_END, HEADLINE_START, splice_headline
+
+    text = f"intro\n{HEADLINE_START}\nold table\n{HEADLINE_END}\nrest\n"
+    out = splice_headline(text, "| new | table |\n")
+    assert out == f"intro\n{HEADLINE_START}\n| new | table |\n{HEADLINE_END}\nrest\n"
+    assert splice_headline("no markers here", "x") is None
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    assert HEADLINE_START in readme and HEADLINE_END in readme
