@@ -25,9 +25,9 @@ test: $(STAMP)
 test-all: $(STAMP)
 	WANDB_MODE=disabled $(PY) -m pytest -q
 
-## Benchmarks: writes BENCHMARKS.md, benchmarks/results.json and plots.
+## Benchmarks: writes BENCHMARKS.md, benchmarks/results.json, plots and the README headline.
 bench: $(STAMP)
-	WANDB_MODE=disabled $(PY) -m jobs.benchmark --out BENCHMARKS.md
+	WANDB_MODE=disabled $(PY) -m jobs.benchmark --out BENCHMARKS.md --readme README.md
 
 ## Bucket report on the seed-calibrated 902,087-sample preset.
 report: $(STAMP)

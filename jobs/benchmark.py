@@ -40,9 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--readme",
-        default="README.md",
-        help="file whose headline block (between the bench:headline markers) is replaced with the "
-        "generated headline; skipped if the file or its markers are missing (default %(default)s)",
+        default=None,
+        help="also replace the headline block (between the bench:headline markers) of this file, "
+        "e.g. README.md (`make bench` does); off by default, so trial runs leave it alone",
     )
     p.add_argument("--skip-training", action="store_true", help="skip section 2 (Ray Train runs)")
     p.add_argument("--skip-delivery", action="store_true", help="skip section 4 (Ray Data)")
@@ -128,8 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     # The README's headline: the same table, generated, for the README to include or copy.
     headline = Path(args.plots) / "headline.md"
     headline.write_text(render_headline(results, doc_path=args.out) + "\n")
-    readme = Path(args.readme)
-    if readme.is_file():
+    readme = Path(args.readme) if args.readme else None
+    if readme is not None and readme.is_file():
         spliced = splice_headline(readme.read_text(), headline.read_text())
         if spliced is not None:
             readme.write_text(spliced)

@@ -281,7 +281,10 @@ def test_quick_benchmark_writes_document_json_and_plots(tmp_path):
 
     out, js, plots = tmp_path / "B.md", tmp_path / "r.json", tmp_path / "plots"
     argv = ["--quick", "--out", str(out), "--json", str(js), "--plots", str(plots)]
+    readme = Path(__file__).parents[2] / "README.md"
+    before = readme.read_text()
     assert main([*argv, "--work-dir", str(tmp_path / "work")]) == 0
+    assert readme.read_text() == before  # only `make bench` (--readme README.md) rewrites it
     doc, results = out.read_text(), json.loads(js.read_text())
     assert set(results) >= {"meta", "padding", "quality", "training", "delivery", "gpu", "plots"}
     assert len(results["training"]["policies"]) == len(POLICIES)
@@ -305,5 +308,6 @@ def test_readme_headline_block_is_replaced_between_markers_only():
     out = splice_headline(text, "| new | table |\n")
     assert out == f"intro\n{HEADLINE_START}\n| new | table |\n{HEADLINE_END}\nrest\n"
     assert splice_headline("no markers here", "x") is None
+    assert build_parser().parse_args([]).readme is None  # trial runs never touch the README
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     assert HEADLINE_START in readme and HEADLINE_END in readme
