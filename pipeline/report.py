@@ -172,19 +172,6 @@ def plan_score(name: str, plan: EpochPlan) -> PolicyScore:
     return PolicyScore(name, int(lens.sum()), int(padded), offsets.size - 1, None)
 
 
-def _plan(lengths, edges, *, batching, world_size, seed, epoch, plan, sample_ids=None) -> EpochPlan:
-    return epoch_plan(
-        lengths,
-        edges,
-        seed=seed,
-        epoch=epoch,
-        world_size=world_size,
-        batching=batching,
-        plan=plan,
-        sample_ids=sample_ids,
-    )
-
-
 def compare_policies(
     lengths: np.ndarray,
     edge_sets: Mapping[str, Sequence[int]],
@@ -207,7 +194,7 @@ def compare_policies(
         order_score("megabatch", lengths, megabatch_order(lengths, B, s), B, **kw),
     ]
     for name, edges in edge_sets.items():
-        p = _plan(
+        p = epoch_plan(
             lengths,
             edges,
             batching=batching,
@@ -375,7 +362,7 @@ def build_report(
     the_plan, timings["plan_s"] = _timed(
         log,
         f"epoch_plan({chosen['name']}, world_size={world_size})",
-        lambda: _plan(
+        lambda: epoch_plan(
             lengths,
             chosen["edges"],
             batching=batching,
