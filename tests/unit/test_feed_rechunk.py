@@ -147,8 +147,7 @@ def test_contract4_empty_micro_batch_is_zero_by_zero():
     assert all(mb.input_ids.shape == (0, 0) and mb.num_real_tokens == 0 for mb in got)
 
 
-def test_stream_out_of_plan_order_raises_naming_rank_step_and_ids():
-    ids, lengths, tokens, masks = _corpus(40, 3)
+def _single_rank_view(ids, lengths):
     plan = epoch_plan(
         lengths,
         EDGES,
@@ -158,7 +157,12 @@ def test_stream_out_of_plan_order_raises_naming_rank_step_and_ids():
         batching=BatchingConfig(token_budget=128),
         sample_ids=ids,
     )
-    view = plan.rank_view(0)
+    return plan.rank_view(0)
+
+
+def test_stream_out_of_plan_order_raises_naming_rank_step_and_ids():
+    ids, lengths, tokens, masks = _corpus(40, 3)
+    view = _single_rank_view(ids, lengths)
     swapped = view.sample_ids.copy()
     swapped[[3, 4]] = swapped[[4, 3]]
     blocks = _blocks(swapped, tokens, masks, [0, swapped.size], False)
@@ -168,16 +172,7 @@ def test_stream_out_of_plan_order_raises_naming_rank_step_and_ids():
 
 def test_stream_shorter_than_plan_raises():
     ids, lengths, tokens, masks = _corpus(40, 4)
-    plan = epoch_plan(
-        lengths,
-        EDGES,
-        seed=0,
-        epoch=0,
-        world_size=1,
-        batching=BatchingConfig(token_budget=128),
-        sample_ids=ids,
-    )
-    view = plan.rank_view(0)
+    view = _single_rank_view(ids, lengths)
     blocks = _blocks(view.sample_ids, tokens, masks, [0, 10], False)
     with pytest.raises(RuntimeError, match="ended after 10 of 40 planned rows"):
         list(deliver(view, blocks, epoch=0, edges=EDGES))
