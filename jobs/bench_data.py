@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from pipeline.databench import measure_delivery
+from pipeline.bench.delivery import measure_delivery
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -16,7 +16,7 @@ from pathlib import Path
 from pipeline.bench.plots import plot_all
 from pipeline.bench.render import render_headline, render_markdown
 from pipeline.bench.suite import GPU_METRICS, SuiteOptions, run_suite
-from pipeline.synthetic import PRESETS
+from pipeline.core.synthetic import PRESETS
 
 PROG = "python -m jobs.benchmark"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from pipeline.corpus import write_corpus
-from pipeline.synthetic import PRESETS
+from pipeline.core.corpus import write_corpus
+from pipeline.core.synthetic import PRESETS
 
 
 def main(argv: list[str] | None = None) -> dict:

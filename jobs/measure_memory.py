@@ -66,8 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("WANDB_MODE", "disabled")
     import ray
 
-    from pipeline.config import load_config
-    from pipeline.launch import run
+    from pipeline.core.config import load_config
+    from pipeline.train.launch import run
 
     with tempfile.TemporaryDirectory(prefix="bucketray-mem-") as tmp:
         cfg = load_config(

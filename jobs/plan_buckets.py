@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import ValidationError
 
-from pipeline.config import (
+from pipeline.core.config import (
     BatchingConfig,
     BucketsConfig,
     ConfigError,
@@ -27,8 +27,8 @@ from pipeline.config import (
     load_config,
     parse_edges,
 )
-from pipeline.report import build_report, plot_report, render_text
-from pipeline.synthetic import PRESETS, seed902k_lengths
+from pipeline.core.report import build_report, plot_report, render_text
+from pipeline.core.synthetic import PRESETS, seed902k_lengths
 
 PROG = "python -m jobs.plan_buckets"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipeline.config import ConfigError, load_config
+from pipeline.core.config import ConfigError, load_config
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.config, args.overrides)
         # Imported after validation, so a config typo fails before Ray or torch load.
         from pipeline.data import DataError
-        from pipeline.launch import run
+        from pipeline.train.launch import run
 
         try:
             summary = run(cfg)

@@ -14,10 +14,10 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from pipeline.config import BatchingConfig, PlanConfig
-from pipeline.metrics import BucketLossTracker, batch_recomposition, switch_rate
-from pipeline.plan import EpochPlan, epoch_plan
-from pipeline.report import megabatch_order
+from pipeline.core.config import BatchingConfig, PlanConfig
+from pipeline.core.metrics import BucketLossTracker, batch_recomposition, switch_rate
+from pipeline.core.plan import EpochPlan, epoch_plan
+from pipeline.core.report import megabatch_order
 
 __all__ = [
     "repeated_pair_share",

@@ -148,7 +148,7 @@ def _section_padding(r: dict) -> list[str]:
         "## 1. Padding and planning",
         "",
         f"Simulated on the seed-calibrated preset ({pad['samples']:,} samples, {pad['tokens']:,} "
-        "tokens; `pipeline.report.compare_policies`, the simulator behind `jobs.plan_buckets`). "
+        "tokens; `pipeline.core.report.compare_policies`, the simulator behind `jobs.plan_buckets`). "
         "Efficiency = real tokens / padded slots, each micro-batch padded to its longest sample "
         "rounded up to 8; one rank, so a global batch is one micro-batch. Under a token budget "
         "the non-bucketed policies use one fixed batch sized for the longest sample "
@@ -226,7 +226,7 @@ def _section_training(r: dict, doc: str, plots: dict) -> list[str]:
         else f"token budget {b['token_budget']:,}"
     )
     out += [
-        f"`pipeline.launch.run` on one private local Ray cluster: the tiny model "
+        f"`pipeline.train.launch.run` on one private local Ray cluster: the tiny model "
         f"(`{tr['config']}`: {tr['model']['n_layers']} layers, d_model {tr['model']['d_model']}, "
         f"vocabulary {tr['model']['vocab_size']}) on 2 CPU workers (0.5 CPU each), "
         f"{tr['num_samples']:,} samples x 1 epoch under every policy, {size}, the same model "
@@ -448,7 +448,7 @@ def _section_delivery(r: dict) -> list[str]:
     if "skipped" in d:
         return out + [f"Skipped: {d['skipped']}.", ""]
     out += [
-        "`pipeline.databench.measure_delivery` (as `python -m jobs.bench_data`): the Ray path "
+        "`pipeline.bench.delivery.measure_delivery` (as `python -m jobs.bench_data`): the Ray path "
         "training uses (length index, edges, the feeder's plan-keyed sort and split), consumed "
         "by 2 Ray tasks padding micro-batches to torch tensors, against a one-process "
         "pyarrow+numpy baseline doing the same gathering and padding. Medians over epochs.",

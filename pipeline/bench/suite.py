@@ -21,7 +21,7 @@ import numpy as np
 from pipeline.bench.padding import BATCHINGS, padding_table, planning_costs
 from pipeline.bench.quality import loss_readability, recomposition_table
 from pipeline.bench.training import POLICIES, measure_training, run_summary
-from pipeline.synthetic import PRESETS, seed902k_lengths
+from pipeline.core.synthetic import PRESETS, seed902k_lengths
 
 __all__ = [
     "SuiteOptions",
@@ -209,8 +209,8 @@ def section_training(opts: SuiteOptions, log: Callable[[str], None]) -> dict:
 
 
 def section_delivery(opts: SuiteOptions, log: Callable[[str], None]) -> dict:
-    """Section 4: Ray Data delivery per consumer and epoch preparation (pipeline.databench)."""
-    from pipeline.databench import measure_delivery
+    """Section 4: Ray Data delivery per consumer and epoch preparation (pipeline.bench.delivery)."""
+    from pipeline.bench.delivery import measure_delivery
 
     runs = {}
     for n in opts.delivery_samples:

@@ -1,7 +1,7 @@
 """Benchmark section 2: the tiny model trained under each batching policy in one Ray session.
 
 Every policy trains the same samples (one epoch of one scaled corpus), the same model, under the
-same per-step token budget, through the real `pipeline.launch.run`; only `plan.policy` and the
+same per-step token budget, through the real `pipeline.train.launch.run`; only `plan.policy` and the
 bucket edges differ. CPU workers cannot afford the preset's 8192-token samples, so the corpus
 keeps the preset's length *distribution* scaled by max_length / 8192 (and the team's edges with
 it), instead of truncating at max_length, which would pile most samples onto one length.
@@ -21,9 +21,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.config import TEAM_EDGES, load_config
-from pipeline.epochs import resolve_edges
-from pipeline.synthetic import MAX_LEN, seed902k_lengths, synthetic_tokens
+from pipeline.core.config import TEAM_EDGES, load_config
+from pipeline.core.epochs import resolve_edges
+from pipeline.core.synthetic import MAX_LEN, seed902k_lengths, synthetic_tokens
 
 __all__ = [
     "POLICIES",
@@ -162,7 +162,7 @@ def measure_training(
     ratio to that round's sorted run."""
     import ray
 
-    from pipeline.launch import run
+    from pipeline.train.launch import run
 
     batching = batching or dict(DEFAULT_BATCHING)
     work = Path(work_dir).absolute()

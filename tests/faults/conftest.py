@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import RunConfig, load_config
+from pipeline.core.config import RunConfig, load_config
 
 REPO = Path(__file__).resolve().parents[2]
 BASE_CONFIG = REPO / "configs" / "local.yaml"
@@ -229,7 +229,7 @@ def reference(fault_data, tmp_path_factory) -> dict:
     """The uninterrupted run, on its own local Ray instance: its records and summary."""
     import ray
 
-    from pipeline.launch import run
+    from pipeline.train.launch import run
 
     tmp = tmp_path_factory.mktemp("reference")
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)

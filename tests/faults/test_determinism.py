@@ -16,9 +16,9 @@ from tests.faults.conftest import REPO
 PROBE = r"""
 import hashlib, json, sys
 import numpy as np
-from pipeline.buckets import optimize
-from pipeline.config import RunConfig
-from pipeline.plan import epoch_plan
+from pipeline.core.buckets import optimize
+from pipeline.core.config import RunConfig
+from pipeline.core.plan import epoch_plan
 cfg = RunConfig.model_validate({"batching": {"token_budget": 4096}})
 rng = np.random.default_rng(7)
 lengths = np.minimum(rng.lognormal(6.0, 0.7, 3000).astype(np.int64) + 1, 1024)

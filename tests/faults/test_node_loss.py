@@ -20,7 +20,7 @@ import ray
 import ray.train
 from ray.cluster_utils import Cluster
 
-from pipeline.launch import run
+from pipeline.train.launch import run
 from tests.faults.conftest import (
     assert_exact_recovery,
     attempts,

@@ -12,9 +12,9 @@ import pytest
 import torch
 import yaml
 
-from pipeline.checkpoint import DataPosition, TrainState, load_checkpoint, save_checkpoint
-from pipeline.config import ConfigError, RunConfig, load_config
-from pipeline.logger import make_logger
+from pipeline.core.config import ConfigError, RunConfig, load_config
+from pipeline.learn.checkpoint import DataPosition, TrainState, load_checkpoint, save_checkpoint
+from pipeline.learn.logger import make_logger
 
 SECRET = "bucketray-test-secret-0123456789abcdef0123"
 

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from pipeline.checkpoint import SAVE_FAIL_ENV
-from pipeline.launch import run
-from pipeline.train import FAIL_AT_STEP_ENV, FAIL_MARKER_ENV, FAIL_RANK_ENV
+from pipeline.learn.checkpoint import SAVE_FAIL_ENV
+from pipeline.train.launch import run
+from pipeline.train.loop import FAIL_AT_STEP_ENV, FAIL_MARKER_ENV, FAIL_RANK_ENV
 from tests.faults.conftest import (
     CHECKPOINT_EVERY,
     assert_exact_recovery,

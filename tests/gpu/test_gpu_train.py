@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.config import ModelConfig
-from pipeline.feed import MicroBatch
-from pipeline.model import build_model
-from pipeline.train import train_group
+from pipeline.core.config import ModelConfig
+from pipeline.data.feed import MicroBatch
+from pipeline.learn.model import build_model
+from pipeline.train.loop import train_group
 
 pytestmark = [
     pytest.mark.gpu,

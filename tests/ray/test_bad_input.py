@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.config import RunConfig
+from pipeline.core.config import RunConfig
 from pipeline.data import DataError, build_length_index, rank_batches, start_feeder
 
 pytestmark = pytest.mark.ray

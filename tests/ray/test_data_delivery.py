@@ -15,9 +15,9 @@ import pyarrow.parquet as pq
 import pytest
 import ray
 
-from pipeline.collate import IGNORE_INDEX
-from pipeline.config import RunConfig
-from pipeline.corpus import MARKER
+from pipeline.core.collate import IGNORE_INDEX
+from pipeline.core.config import RunConfig
+from pipeline.core.corpus import MARKER
 from pipeline.data import (
     build_length_index,
     epoch_plan_for,
@@ -186,7 +186,7 @@ def test_contract7_stream_from_step_equals_tail(corpus):
 
 
 def _slow_reference(rows, upper, multiple=8, labels=None):
-    """Per-token Python padding, independent of pipeline.collate."""
+    """Per-token Python padding, independent of pipeline.core.collate."""
     B, maxlen = len(rows), max((len(r) for r in rows), default=0)
     L = min(-(-maxlen // multiple) * multiple, upper) if B else 0
     out = {k: np.zeros((B, L), np.int64) for k in ("input_ids", "attention_mask", "position_ids")}

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.checkpoint import load_checkpoint
-from pipeline.config import validate
-from pipeline.launch import run
-from pipeline.train import FAIL_AT_STEP_ENV, FAIL_MARKER_ENV
+from pipeline.core.config import validate
+from pipeline.learn.checkpoint import load_checkpoint
+from pipeline.train.launch import run
+from pipeline.train.loop import FAIL_AT_STEP_ENV, FAIL_MARKER_ENV
 
 pytestmark = pytest.mark.ray
 

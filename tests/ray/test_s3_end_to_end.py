@@ -23,14 +23,14 @@ import pytest
 import ray
 import ray.train
 
-import pipeline.index
-from pipeline.checkpoint import load_checkpoint
-from pipeline.config import validate
-from pipeline.corpus import write_corpus
+import pipeline.data.index
+from pipeline.core.config import validate
+from pipeline.core.corpus import write_corpus
 from pipeline.data import build_length_index, epoch_plan_for, resolve_edges
-from pipeline.index import filesystem_for
-from pipeline.launch import run
-from pipeline.train import FAIL_AT_STEP_ENV, FAIL_MARKER_ENV
+from pipeline.data.index import filesystem_for
+from pipeline.learn.checkpoint import load_checkpoint
+from pipeline.train.launch import run
+from pipeline.train.loop import FAIL_AT_STEP_ENV, FAIL_MARKER_ENV
 
 pytestmark = pytest.mark.ray
 
@@ -213,7 +213,7 @@ def test_killed_run_resumes_from_the_bucket_with_the_planned_batches(
     def no_rescan(*args, **kwargs):
         raise AssertionError("the length index was rescanned instead of read from the cache")
 
-    monkeypatch.setattr(pipeline.index, "_scan_all", no_rescan)
+    monkeypatch.setattr(pipeline.data.index, "_scan_all", no_rescan)
     resumed = run(cfg)
     assert resumed.steps == MAX_STEPS
 

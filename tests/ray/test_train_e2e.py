@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.checkpoint import load_checkpoint
-from pipeline.config import ConfigError, validate
-from pipeline.launch import run
-from pipeline.model import build_model
+from pipeline.core.config import ConfigError, validate
+from pipeline.learn.checkpoint import load_checkpoint
+from pipeline.learn.model import build_model
+from pipeline.train.launch import run
 
 pytestmark = pytest.mark.ray
 

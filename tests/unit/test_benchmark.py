@@ -28,10 +28,10 @@ from pipeline.bench.training import (
     scaled_edges,
     scaled_lengths,
 )
-from pipeline.buckets import assign
-from pipeline.config import TEAM_EDGES, BatchingConfig, PlanConfig, load_config
-from pipeline.plan import epoch_plan
-from pipeline.synthetic import seed902k_lengths
+from pipeline.core.buckets import assign
+from pipeline.core.config import TEAM_EDGES, BatchingConfig, PlanConfig, load_config
+from pipeline.core.plan import epoch_plan
+from pipeline.core.synthetic import seed902k_lengths
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,7 @@ def test_repeated_pair_share_by_hand():
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_chance_floor_predicts_a_fresh_shuffle(seed):
     """The analytic floor matches what a within-bucket reshuffle measures (within noise)."""
-    from pipeline.metrics import batch_recomposition
+    from pipeline.core.metrics import batch_recomposition
 
     lengths = seed902k_lengths(20_000, seed=seed)
     b = BatchingConfig(mode="fixed", batch_size=32)

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.buckets import assign, optimize, optimize_all, padded_to_edges, validate_edges
-from pipeline.config import ConfigError
-from pipeline.synthetic import seed902k_lengths
+from pipeline.core.buckets import assign, optimize, optimize_all, padded_to_edges, validate_edges
+from pipeline.core.config import ConfigError
+from pipeline.core.synthetic import seed902k_lengths
 
 
 def _brute_force(lengths: np.ndarray, k: int) -> int:

@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.checkpoint import (
+from pipeline.core.config import RunConfig
+from pipeline.core.metrics import BucketLossTracker
+from pipeline.learn.checkpoint import (
     CheckpointError,
     DataPosition,
     ResumeError,
@@ -19,8 +21,6 @@ from pipeline.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from pipeline.config import RunConfig
-from pipeline.metrics import BucketLossTracker
 
 EDGES = [0, 64, 128]
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.collate import IGNORE_INDEX, collate, padded_length
+from pipeline.core.collate import IGNORE_INDEX, collate, padded_length
 
 
 def _reference(rows, masks, upper, multiple, pad_id):

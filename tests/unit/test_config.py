@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.config import ConfigError, RunConfig, apply_overrides, load_config, validate
+from pipeline.core.config import ConfigError, RunConfig, apply_overrides, load_config, validate
 
 
 def test_defaults_validate_and_round_trip_through_a_dict():

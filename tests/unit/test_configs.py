@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import TEAM_EDGES, ConfigError, load_config
+from pipeline.core.config import TEAM_EDGES, ConfigError, load_config
 
 CONFIGS = sorted(Path(__file__).resolve().parents[2].joinpath("configs").glob("*.yaml"))
 

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.collate import IGNORE_INDEX
-from pipeline.config import BatchingConfig
-from pipeline.feed import deliver
-from pipeline.plan import epoch_plan
+from pipeline.core.collate import IGNORE_INDEX
+from pipeline.core.config import BatchingConfig
+from pipeline.core.plan import epoch_plan
+from pipeline.data.feed import deliver
 
 EDGES = [0, 8, 24, 64]
 

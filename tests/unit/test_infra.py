@@ -135,7 +135,7 @@ def test_kuberay_manifests_use_only_known_crd_fields():
 
 def _rayjob_run_config():
     """The RunConfig the RayJob's entrypoint would train with: its config file plus its --set."""
-    from pipeline.config import load_config
+    from pipeline.core.config import load_config
 
     words = shlex.split(_rayjob()["spec"]["entrypoint"])
     config = words[words.index("--config") + 1]

@@ -2,8 +2,15 @@
 
 import json
 
-from pipeline.config import RunConfig
-from pipeline.logger import JsonlLogger, ListLogger, NullLogger, TeeLogger, make_logger, wandb_mode
+from pipeline.core.config import RunConfig
+from pipeline.learn.logger import (
+    JsonlLogger,
+    ListLogger,
+    NullLogger,
+    TeeLogger,
+    make_logger,
+    wandb_mode,
+)
 
 
 def test_non_zero_ranks_log_nothing(tmp_path):

@@ -11,12 +11,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
-from pipeline.collate import IGNORE_INDEX, collate
-from pipeline.config import ModelConfig
-from pipeline.feed import MicroBatch
-from pipeline.loss import ddp_loss_scale, supervised_tokens, token_sums
-from pipeline.model import build_model
-from pipeline.train import train_group
+from pipeline.core.collate import IGNORE_INDEX, collate
+from pipeline.core.config import ModelConfig
+from pipeline.data.feed import MicroBatch
+from pipeline.learn.loss import ddp_loss_scale, supervised_tokens, token_sums
+from pipeline.learn.model import build_model
+from pipeline.train.loop import train_group
 
 CFG = ModelConfig(vocab_size=32, d_model=16, n_layers=1, n_heads=2, d_ff=32)
 

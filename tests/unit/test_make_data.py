@@ -8,8 +8,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs.make_data import main
-from pipeline.corpus import MARKER
-from pipeline.synthetic import seed902k_lengths
+from pipeline.core.corpus import MARKER
+from pipeline.core.synthetic import seed902k_lengths
 
 
 def _read(d):

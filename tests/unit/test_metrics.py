@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.metrics import BucketLossTracker, micro_batch_padded, padding_efficiency
+from pipeline.core.metrics import BucketLossTracker, micro_batch_padded, padding_efficiency
 
 
 def test_padding_efficiency_by_hand():
@@ -61,7 +61,7 @@ def test_tracker_state_round_trips():
 
 
 def test_batch_recomposition_by_hand():
-    from pipeline.metrics import batch_recomposition
+    from pipeline.core.metrics import batch_recomposition
 
     ids_a, off_a = np.array([0, 1, 2, 3, 4, 5]), np.array([0, 2, 4, 6])  # {0,1} {2,3} {4,5}
     ids_b, off_b = np.array([0, 2, 1, 3, 4, 5]), np.array([0, 2, 3, 6])  # {0,2} {1} {3,4,5}
@@ -72,7 +72,7 @@ def test_batch_recomposition_by_hand():
 
 
 def test_switch_rate_matches_independent_draws_for_a_shuffle():
-    from pipeline.metrics import switch_rate
+    from pipeline.core.metrics import switch_rate
 
     seq = np.random.default_rng(0).permutation(np.repeat([0, 1, 2], [5000, 3000, 2000]))
     obs, exp = switch_rate(seq)

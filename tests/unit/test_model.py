@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from pipeline.config import ModelConfig
-from pipeline.model import MODELS, build_model, count_parameters
+from pipeline.core.config import ModelConfig
+from pipeline.learn.model import MODELS, build_model, count_parameters
 
 CFG = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, d_ff=64)
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from pipeline.config import TrainConfig
-from pipeline.optim import build_optimizer, build_scheduler, lr_factor, optimizer_steps
+from pipeline.core.config import TrainConfig
+from pipeline.learn.optim import build_optimizer, build_scheduler, lr_factor, optimizer_steps
 
 
 def test_warmup_then_cosine_reaches_floor_at_last_step():

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.buckets import assign, optimize
-from pipeline.config import BatchingConfig, PlanConfig
-from pipeline.plan import epoch_plan, global_batch_sizes, steps_per_epoch
-from pipeline.synthetic import seed902k_lengths
+from pipeline.core.buckets import assign, optimize
+from pipeline.core.config import BatchingConfig, PlanConfig
+from pipeline.core.plan import epoch_plan, global_batch_sizes, steps_per_epoch
+from pipeline.core.synthetic import seed902k_lengths
 
 TEAM_EDGES = [0, 770, 1216, 1728, 2432, 3296, 8192]
 

@@ -15,11 +15,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jobs.plan_buckets import main
-from pipeline import epochs
-from pipeline.buckets import optimize_all
-from pipeline.config import TEAM_EDGES, BatchingConfig
-from pipeline.plan import epoch_plan
-from pipeline.report import (
+from pipeline.core import epochs
+from pipeline.core.buckets import optimize_all
+from pipeline.core.config import TEAM_EDGES, BatchingConfig
+from pipeline.core.plan import epoch_plan
+from pipeline.core.report import (
     auto_search,
     compare_policies,
     fixed_batch_size,
@@ -27,7 +27,7 @@ from pipeline.report import (
     order_score,
     plan_score,
 )
-from pipeline.synthetic import seed902k_lengths
+from pipeline.core.synthetic import seed902k_lengths
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXED32 = BatchingConfig(mode="fixed", batch_size=32)

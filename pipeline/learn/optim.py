@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from pipeline.config import TrainConfig
+from pipeline.core.config import TrainConfig
 
 __all__ = ["build_optimizer", "build_scheduler", "lr_factor", "optimizer_steps"]
 

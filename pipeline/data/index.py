@@ -26,8 +26,8 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from pipeline.config import RunConfig
-from pipeline.corpus import corpus_is_current, write_corpus
+from pipeline.core.config import RunConfig
+from pipeline.core.corpus import corpus_is_current, write_corpus
 
 __all__ = [
     "DataError",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.config import ConfigError, parse_edges
+from pipeline.core.config import ConfigError, parse_edges
 
 __all__ = ["EdgeTable", "optimize", "optimize_all", "assign", "padded_to_edges", "validate_edges"]
 

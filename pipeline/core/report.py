@@ -6,7 +6,7 @@ and efficiency is real tokens / padded slots. Policies: `sorted` (all lengths so
 batches: the static upper bound), `random` (one permutation, fixed batches), `megabatch` (the
 `group_by_length` of HF transformers' LengthGroupedSampler), and bucketed ones (`edges:<name>`,
 `optimal:K`) run through the real `epoch_plan`. `auto_search` reports the K that `num_buckets:
-auto` picks (`pipeline.epochs.auto_edges`). Pure numpy, no per-sample Python loops.
+auto` picks (`pipeline.core.epochs.auto_edges`). Pure numpy, no per-sample Python loops.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from pipeline.buckets import EdgeTable, optimize_all, padded_to_edges
-from pipeline.config import TEAM_EDGES, BatchingConfig, PlanConfig
-from pipeline.epochs import auto_edges, simulated_efficiency
-from pipeline.metrics import micro_batch_padded
-from pipeline.plan import EpochPlan, epoch_plan, global_batch_sizes
+from pipeline.core.buckets import EdgeTable, optimize_all, padded_to_edges
+from pipeline.core.config import TEAM_EDGES, BatchingConfig, PlanConfig
+from pipeline.core.epochs import auto_edges, simulated_efficiency
+from pipeline.core.metrics import micro_batch_padded
+from pipeline.core.plan import EpochPlan, epoch_plan, global_batch_sizes
 
 __all__ = [
     "MEGABATCH_MULT",
@@ -220,7 +220,7 @@ def auto_search(
 ) -> AutoResult:
     """The K that `buckets.num_buckets: auto` gives training, with the efficiencies behind it.
 
-    The choice itself is `pipeline.epochs.auto_edges` (one `optimize_all` run, then a doubling
+    The choice itself is `pipeline.core.epochs.auto_edges` (one `optimize_all` run, then a doubling
     and bisection search over K, each candidate scored on a real epoch-0 plan), so the report
     shows exactly what a run would use. Efficiency is only near-monotone in K, so the result
     also carries the efficiency at K - 1: a value at or above the target there would expose a

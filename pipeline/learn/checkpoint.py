@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.config import RunConfig
+from pipeline.core.config import RunConfig
 
 __all__ = [
     "POSITION_VERSION",

@@ -14,9 +14,9 @@ and inside each Ray Train worker:
     for mb in rank_batches("bucketray-feeder", epoch=e, start_step=s, rank=r, world_size=w): ...
 """
 
-from pipeline.epochs import auto_edges, epoch_plan_for, resolve_edges
-from pipeline.feed import MicroBatch, deliver, rank_batches, start_feeder, stop_feeder
-from pipeline.index import DataError, LengthIndex, build_length_index, resolve_data_path
+from pipeline.core.epochs import auto_edges, epoch_plan_for, resolve_edges
+from pipeline.data.feed import MicroBatch, deliver, rank_batches, start_feeder, stop_feeder
+from pipeline.data.index import DataError, LengthIndex, build_length_index, resolve_data_path
 
 __all__ = [
     "DataError",

@@ -28,11 +28,11 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from pipeline.collate import collate
-from pipeline.config import RunConfig
-from pipeline.epochs import epoch_plan_for
-from pipeline.index import DataError, LengthIndex, filesystem_for
-from pipeline.plan import RankView
+from pipeline.core.collate import collate
+from pipeline.core.config import RunConfig
+from pipeline.core.epochs import epoch_plan_for
+from pipeline.data.index import DataError, LengthIndex, filesystem_for
+from pipeline.core.plan import RankView
 
 if TYPE_CHECKING:
     import torch

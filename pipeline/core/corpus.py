@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.synthetic import PRESETS, seed902k_lengths, synthetic_tokens
+from pipeline.core.synthetic import PRESETS, seed902k_lengths, synthetic_tokens
 
 __all__ = ["MARKER", "write_corpus", "corpus_is_current"]
 

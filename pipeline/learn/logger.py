@@ -14,7 +14,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Protocol
 
-from pipeline.config import RunConfig
+from pipeline.core.config import RunConfig
 
 __all__ = [
     "MetricLogger",

@@ -2,7 +2,7 @@
 
 Connects to the cluster named by RAY_ADDRESS (set by `ray job submit`) or starts local Ray, builds
 the length index and bucket edges once, plans the epochs (for their hashes and `epoch/*`
-summaries), starts the data layer's feeder actor and runs `pipeline.train.train_loop` on
+summaries), starts the data layer's feeder actor and runs `pipeline.train.loop.train_loop` on
 `scaling.num_workers` workers. Resubmitting with the same checkpoint.storage_path and run_name
 resumes: Ray Train hands the loop its latest checkpoint.
 """
@@ -18,11 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.checkpoint import SAVE_FAIL_ENV
-from pipeline.config import ConfigError, RunConfig
-from pipeline.metrics import padding_efficiency
-from pipeline.plan import EpochPlan, steps_per_epoch
-from pipeline.train import (
+from pipeline.core.config import ConfigError, RunConfig
+from pipeline.core.metrics import padding_efficiency
+from pipeline.core.plan import EpochPlan, steps_per_epoch
+from pipeline.learn.checkpoint import SAVE_FAIL_ENV
+from pipeline.train.loop import (
     FAIL_AT_STEP_ENV,
     FAIL_MARKER_ENV,
     FAIL_RANK_ENV,
@@ -68,7 +68,7 @@ def _storage(cfg: RunConfig):
     from its own environment, so an endpoint set only for the job's driver (AWS_ENDPOINT_URL)
     would not reach it. The filesystem carries the endpoint, never the credentials.
     """
-    from pipeline.index import filesystem_for
+    from pipeline.data.index import filesystem_for
 
     p = storage_path(cfg)
     if "://" not in p:

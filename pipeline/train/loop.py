@@ -27,7 +27,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from pipeline.checkpoint import (
+from pipeline.core.collate import IGNORE_INDEX
+from pipeline.core.config import RunConfig
+from pipeline.core.metrics import BucketLossTracker
+from pipeline.learn.checkpoint import (
     DataPosition,
     TrainState,
     check_resume,
@@ -37,13 +40,10 @@ from pipeline.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from pipeline.collate import IGNORE_INDEX
-from pipeline.config import RunConfig
-from pipeline.logger import MetricLogger, make_logger, new_run_id
-from pipeline.loss import ddp_loss_scale, supervised_tokens, token_sums
-from pipeline.metrics import BucketLossTracker
-from pipeline.model import build_model
-from pipeline.optim import build_optimizer, build_scheduler, optimizer_steps
+from pipeline.learn.logger import MetricLogger, make_logger, new_run_id
+from pipeline.learn.loss import ddp_loss_scale, supervised_tokens, token_sums
+from pipeline.learn.model import build_model
+from pipeline.learn.optim import build_optimizer, build_scheduler, optimizer_steps
 
 __all__ = [
     "LoopInputs",

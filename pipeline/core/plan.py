@@ -16,8 +16,8 @@ from functools import cached_property
 
 import numpy as np
 
-from pipeline.buckets import assign
-from pipeline.config import BatchingConfig, PlanConfig
+from pipeline.core.buckets import assign
+from pipeline.core.config import BatchingConfig, PlanConfig
 
 __all__ = [
     "EpochPlan",

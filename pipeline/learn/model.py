@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline.config import ModelConfig
+from pipeline.core.config import ModelConfig
 
 __all__ = ["MODELS", "TinyDecoder", "build_model", "count_parameters"]
 
@@ -95,7 +95,7 @@ def build_model(cfg: ModelConfig, max_positions: int) -> nn.Module:
     if cfg.name not in MODELS:
         raise ValueError(
             f"model.name={cfg.name!r} is not a registered model; choose one of {sorted(MODELS)} "
-            "or add an entry to pipeline.model.MODELS"
+            "or add an entry to pipeline.learn.model.MODELS"
         )
     return MODELS[cfg.name](cfg, max_positions)
 

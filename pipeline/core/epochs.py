@@ -12,10 +12,10 @@ import warnings
 
 import numpy as np
 
-from pipeline.buckets import optimize, optimize_all, validate_edges
-from pipeline.config import BatchingConfig, PlanConfig, RunConfig
-from pipeline.metrics import padding_efficiency
-from pipeline.plan import EpochPlan, epoch_plan
+from pipeline.core.buckets import optimize, optimize_all, validate_edges
+from pipeline.core.config import BatchingConfig, PlanConfig, RunConfig
+from pipeline.core.metrics import padding_efficiency
+from pipeline.core.plan import EpochPlan, epoch_plan
 
 __all__ = ["resolve_edges", "auto_edges", "simulated_efficiency", "epoch_plan_for"]
 

@@ -178,7 +178,9 @@ class PlanConfig(_Section):
 
 
 class ModelConfig(_Section):
-    name: str = Field("tiny_decoder", description="Model registry entry (pipeline.model.MODELS).")
+    name: str = Field(
+        "tiny_decoder", description="Model registry entry (pipeline.learn.model.MODELS)."
+    )
     vocab_size: PositiveInt = Field(
         512, description="Vocabulary size; token ids must be < vocab_size."
     )

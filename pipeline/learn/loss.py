@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from pipeline.collate import IGNORE_INDEX
+from pipeline.core.collate import IGNORE_INDEX
 
 __all__ = ["supervised_tokens", "token_sums", "ddp_loss_scale"]
 

@@ -18,11 +18,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.config import RunConfig
-from pipeline.corpus import write_corpus
-from pipeline.epochs import epoch_plan_for, resolve_edges
-from pipeline.feed import deliver, rank_batches, start_feeder, stop_feeder
-from pipeline.index import build_length_index, filesystem_for, list_shards
+from pipeline.core.config import RunConfig
+from pipeline.core.corpus import write_corpus
+from pipeline.core.epochs import epoch_plan_for, resolve_edges
+from pipeline.data.feed import deliver, rank_batches, start_feeder, stop_feeder
+from pipeline.data.index import build_length_index, filesystem_for, list_shards
 
 __all__ = ["measure_delivery", "baseline_delivery"]
 

@@ -1,0 +1,1 @@
+"""Model, optimizer, loss, checkpoints and metric loggers: torch, no Ray."""

@@ -1,0 +1,1 @@
+"""Ray Train: the driver that launches a run and the per-worker training loop."""
