@@ -18,12 +18,19 @@ ATTEMPTS = 5  # tries in all; backoff BASE_DELAY_S * 2**k between them (0.2 + 0.
 BASE_DELAY_S = 0.2
 
 _TRANSIENT_TEXT = re.compile(
-    r"slow ?down|throttl|too many requests|request ?timeout|timed? ?out|connection (reset|refused|"
-    r"aborted|closed)|broken pipe|temporar|service unavailable|internal ?error|"
-    r"\b(429|500|502|503|504)\b",
+    # Ray Data's own retried_io_errors (AWS Error SLOW_DOWN, ...) plus the generic HTTP/socket forms.
+    r"slow[ _]?down|throttl|too many requests|request ?timeout|timed? ?out|"
+    r"connection (reset|refused|aborted|closed)|broken pipe|temporar|service[ _]unavailable|"
+    r"internal[ _]?(error|failure)|network[ _]connection|\b(429|500|502|503|504)\b",
     re.IGNORECASE,
 )
-_TRANSIENT_ERRNO = {errno.ECONNRESET, errno.ECONNABORTED, errno.ETIMEDOUT, errno.EAGAIN, errno.EPIPE}
+_TRANSIENT_ERRNO = {
+    errno.ECONNRESET,
+    errno.ECONNABORTED,
+    errno.ETIMEDOUT,
+    errno.EAGAIN,
+    errno.EPIPE,
+}
 
 
 def is_transient(e: BaseException) -> bool:

@@ -41,9 +41,7 @@ def row_group_fingerprints(md: pq.FileMetaData) -> list[str]:
             if col.path_in_schema.split(".", 1)[0] not in COLUMNS:
                 continue
             st = col.statistics
-            stats = (
-                (st.null_count, st.min, st.max) if st is not None and st.has_min_max else None
-            )
+            stats = (st.null_count, st.min, st.max) if st is not None and st.has_min_max else None
             h.update(
                 repr(
                     (

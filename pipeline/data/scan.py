@@ -21,7 +21,15 @@ import pyarrow.parquet as pq
 from pipeline.data._retry import is_transient, retrying
 from pipeline.data.footer import open_failed
 
-__all__ = ["Flag", "ROW_BITS", "SCAN_SCHEMA", "derived_sample_ids", "scan_all", "scan_file"]
+__all__ = [
+    "Flag",
+    "ROW_BITS",
+    "SCAN_SCHEMA",
+    "derived_sample_ids",
+    "input_ids_digest",
+    "scan_all",
+    "scan_file",
+]
 
 # A derived sample id is (file ordinal << 40) | row: unique for < 2**23 files of < 2**40 rows.
 ROW_BITS = 40
@@ -131,6 +139,16 @@ def _digest(offs: np.ndarray, vals: np.ndarray, valid: np.ndarray) -> str:
     return h.hexdigest()
 
 
+def input_ids_digest(input_ids: pa.Array | pa.ChunkedArray) -> str:
+    """The digest the scan stores per row group (LengthIndex.rg_digests), for a whole row
+    group's input_ids as read back: delivery compares it to catch a rewrite with other tokens
+    that the footer check cannot see."""
+    if isinstance(input_ids, pa.ChunkedArray):
+        input_ids = _one(input_ids)
+    offs, raw, valid, _ = _list_parts(input_ids)
+    return _digest(offs, raw, valid)
+
+
 def _one(col: pa.ChunkedArray) -> pa.Array:
     return col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
 
@@ -212,7 +230,9 @@ def schema_error(schema: pa.Schema) -> str | None:
 
 
 def _empty() -> dict:
-    return {k: np.zeros(0, SCAN_SCHEMA.field(k).type.value_type.to_pandas_dtype()) for k in _PER_ROW}
+    return {
+        k: np.zeros(0, SCAN_SCHEMA.field(k).type.value_type.to_pandas_dtype()) for k in _PER_ROW
+    }
 
 
 def _read_file(path: str, file_idx: int, fs: pafs.FileSystem, counter: list[int]) -> dict:
@@ -228,7 +248,11 @@ def _read_file(path: str, file_idx: int, fs: pafs.FileSystem, counter: list[int]
     except Exception as e:  # any reader failure means "not usable", reported by name
         if is_transient(e):
             raise
-        return {**row, **_empty(), "error": f"not a readable parquet file ({type(e).__name__}: {e})"}
+        return {
+            **row,
+            **_empty(),
+            "error": f"not a readable parquet file ({type(e).__name__}: {e})",
+        }
     md, schema = pf.metadata, pf.schema_arrow
     row["num_rows"] = md.num_rows
     row["rg_rows"] = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
