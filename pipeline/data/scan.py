@@ -230,35 +230,37 @@ def schema_error(schema: pa.Schema) -> str | None:
 
 
 def _empty() -> dict:
+    """A shard's facts before (or instead of) reading it: no row groups, no rows."""
+    dtype = {k: SCAN_SCHEMA.field(k).type.value_type.to_pandas_dtype() for k in _PER_ROW}
     return {
-        k: np.zeros(0, SCAN_SCHEMA.field(k).type.value_type.to_pandas_dtype()) for k in _PER_ROW
+        "num_rows": -1,
+        "rg_rows": [],
+        "rg_digest": [],
+        "has_sample_id": False,
+        "supervision": "",
+        **{k: np.zeros(0, dt) for k, dt in dtype.items()},
     }
 
 
 def _read_file(path: str, file_idx: int, fs: pafs.FileSystem, counter: list[int]) -> dict:
     """One attempt at a shard's facts; transient errors propagate (the caller retries)."""
-    row = {"num_rows": -1, "rg_rows": [], "rg_digest": [], "has_sample_id": False}
-    row["supervision"] = ""
+    row = _empty()
     try:
         src = retrying(lambda: fs.open_input_file(path), counter)
     except OSError as e:
-        return {**row, **_empty(), "fatal": str(open_failed(path, e, counter[0]))}
+        return {**row, "fatal": str(open_failed(path, e, counter[0]))}
     try:
         pf = pq.ParquetFile(src)
     except Exception as e:  # any reader failure means "not usable", reported by name
         if is_transient(e):
             raise
-        return {
-            **row,
-            **_empty(),
-            "error": f"not a readable parquet file ({type(e).__name__}: {e})",
-        }
+        return {**row, "error": f"not a readable parquet file ({type(e).__name__}: {e})"}
     md, schema = pf.metadata, pf.schema_arrow
     row["num_rows"] = md.num_rows
     row["rg_rows"] = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
     err = schema_error(schema)
     if err is not None:
-        return {**row, **_empty(), "error": err}
+        return {**row, "error": err}
     row["has_sample_id"] = "sample_id" in schema.names
     row["supervision"] = next((c for c in ("labels", "loss_mask") if c in schema.names), "")
     cols = [c for c in ("input_ids", "sample_id", "loss_mask", "labels") if c in schema.names]
@@ -271,24 +273,21 @@ def _read_file(path: str, file_idx: int, fs: pafs.FileSystem, counter: list[int]
     except Exception as e:
         if is_transient(e):
             raise
-        return {
-            **row,
-            **_empty(),
-            "error": f"cannot read row group {len(parts)} ({type(e).__name__}: {e})",
-        }
-    out = {k: np.concatenate([p[k] for p in parts]) if parts else v for k, v in _empty().items()}
-    return {**row, **out, "rg_digest": [p["digest"] for p in parts]}
+        return {**row, "error": f"cannot read row group {len(parts)} ({type(e).__name__}: {e})"}
+    if parts:
+        row.update({k: np.concatenate([p[k] for p in parts]) for k in _PER_ROW})
+    return {**row, "rg_digest": [p["digest"] for p in parts]}
 
 
 def scan_file(path: str, file_idx: int, fs: pafs.FileSystem) -> dict:
-    """Per-row facts of one shard; file-level problems come back in `error`/`fatal`, never raised."""
+    """Per-row facts of one shard; file-level problems come back in `error` (unusable data) or
+    `fatal` (unreadable storage), never raised."""
     counter = [0]
     base = {"file_idx": file_idx, "path": path, "error": None, "fatal": None}
     try:
         out = retrying(lambda: _read_file(path, file_idx, fs, counter), counter)
     except Exception as e:  # transient, tried ATTEMPTS times
-        out = {"num_rows": -1, "rg_rows": [], "rg_digest": [], "has_sample_id": False}
-        out.update(supervision="", fatal=str(open_failed(path, e, counter[0])), **_empty())
+        out = {**_empty(), "fatal": str(open_failed(path, e, counter[0]))}
     return {**base, **out, "retries": counter[0]}
 
 
