@@ -152,7 +152,6 @@ def test_integer_list_layouts_are_indexed_and_delivered(cluster, tmp_path, list_
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, VOCAB, (ROWS, 8))
     ids = np.arange(ROWS, dtype=np.int64)
-    write(d / "a.parquet", ids, list(tokens), id_type=None)
     pq.write_table(
         pa.table(
             {
