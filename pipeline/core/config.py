@@ -68,6 +68,17 @@ class DataConfig(_Section):
     synthetic: SyntheticConfig = Field(
         default_factory=SyntheticConfig, description="Synthetic corpus."
     )
+    glob: str | None = Field(
+        None,
+        description="Which files under data.path are shards: a pattern relative to it (`*` within "
+        "a folder, `**` across folders, e.g. `data/train-*.parquet`). Null: the files directly in "
+        "data.path (subfolders are not read).",
+    )
+    split: str | None = Field(
+        None,
+        description="Keep only this split's files (`train` keeps train-00000.parquet, "
+        "train.parquet, ...). Null: any file; files of several splits side by side are refused.",
+    )
     cache_dir: str | None = Field(
         None,
         description="Where the length index is cached; null: beside the data (<path>/_bucketray_index).",
