@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["micro_batch_padded", "padding_efficiency", "BucketLossTracker"]
+__all__ = [
+    "micro_batch_padded",
+    "padding_efficiency",
+    "truncation_counts",
+    "BucketLossTracker",
+]
 
 
 def micro_batch_padded(
@@ -32,6 +37,20 @@ def padding_efficiency(
     padded = micro_batch_padded(lengths, offsets, multiple=multiple, cap=cap).sum()
     real = np.asarray(lengths)[offsets[0] : offsets[-1]].sum()
     return float(real / padded) if padded else 1.0
+
+
+def truncation_counts(lengths: np.ndarray, top: int) -> dict[str, int]:
+    """What cutting samples at `top` tokens (data.over_length=truncate) removes, from the samples'
+    full lengths: `truncated_samples` (samples longer than `top`), `truncated_tokens` (tokens cut
+    off them) and `tokens` (all tokens before the cut)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    over = lengths - top
+    cut = over[over > 0]
+    return {
+        "truncated_samples": int(cut.size),
+        "truncated_tokens": int(cut.sum()),
+        "tokens": int(lengths.sum()),
+    }
 
 
 class BucketLossTracker:

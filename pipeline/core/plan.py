@@ -17,7 +17,7 @@ from functools import cached_property
 import numpy as np
 
 from pipeline.core.buckets import assign
-from pipeline.core.config import BatchingConfig, PlanConfig
+from pipeline.core.config import Batching, PlanConfig
 
 __all__ = [
     "EpochPlan",
@@ -34,7 +34,7 @@ INTERLEAVE_STREAM = 2**31 - 1
 PLAN_VERSION = 1
 
 
-def global_batch_sizes(edges, batching: BatchingConfig) -> np.ndarray:
+def global_batch_sizes(edges, batching: Batching) -> np.ndarray:
     """Samples per global step for each bucket (contract 2), independent of the world size."""
     uppers = np.asarray(edges, dtype=np.int64)[1:]
     if batching.mode == "fixed":
@@ -55,7 +55,7 @@ def _batches_per_bucket(counts: np.ndarray, g: np.ndarray, drop_remainder: bool)
     return counts // g if drop_remainder else -(-counts // g)
 
 
-def steps_per_epoch(lengths: np.ndarray, edges, batching: BatchingConfig) -> int:
+def steps_per_epoch(lengths: np.ndarray, edges, batching: Batching) -> int:
     """Global steps in one epoch; the same for every epoch and every world size."""
     counts = _bucket_counts(assign(lengths, edges), len(edges) - 1)
     return int(
@@ -302,7 +302,7 @@ def epoch_plan(
     seed: int,
     epoch: int,
     world_size: int,
-    batching: BatchingConfig,
+    batching: Batching,
     plan: PlanConfig | None = None,
     sample_ids: np.ndarray | None = None,
 ) -> EpochPlan:

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from pipeline.core.buckets import EdgeTable, optimize_all, padded_to_edges
-from pipeline.core.config import TEAM_EDGES, BatchingConfig, PlanConfig
+from pipeline.core.config import TEAM_EDGES, Batching, PlanConfig
 from pipeline.core.epochs import auto_edges, simulated_efficiency
 from pipeline.core.metrics import micro_batch_padded
 from pipeline.core.plan import EpochPlan, epoch_plan, global_batch_sizes
@@ -39,6 +39,7 @@ __all__ = [
     "bucket_rows",
     "build_report",
     "render_text",
+    "truncation_line",
     "plot_report",
 ]
 
@@ -78,7 +79,7 @@ class AutoResult:
     below: float | None  # efficiency at K - 1 (None for K = 1); < target when the search is sound
 
 
-def fixed_batch_size(lengths: np.ndarray, batching: BatchingConfig) -> int:
+def fixed_batch_size(lengths: np.ndarray, batching: Batching) -> int:
     """Global samples per step for the non-bucketed policies (sorted, random, megabatch).
 
     `fixed` mode: `batching.batch_size`, the same B as the bucketed plan. `token_budget` mode: a
@@ -176,7 +177,7 @@ def compare_policies(
     lengths: np.ndarray,
     edge_sets: Mapping[str, Sequence[int]],
     *,
-    batching: BatchingConfig,
+    batching: Batching,
     world_size: int = 1,
     seed: int = 0,
     epoch: int = 0,
@@ -209,7 +210,7 @@ def compare_policies(
 
 def auto_search(
     lengths: np.ndarray,
-    batching: BatchingConfig,
+    batching: Batching,
     *,
     target: float = 0.97,
     max_k: int = 64,
@@ -239,7 +240,7 @@ def auto_search(
     return AutoResult(k, edges, eff, target, eff >= target, below)
 
 
-def bucket_rows(plan: EpochPlan, batching: BatchingConfig) -> list[dict]:
+def bucket_rows(plan: EpochPlan, batching: Batching) -> list[dict]:
     """Per bucket: edges, samples, tokens, steps, global and per-rank batch size, and the padding
     cost of padding every sample to the upper edge."""
     s = plan.summary()
@@ -290,7 +291,7 @@ def _timed(log: Callable[[str], None], what: str, fn: Callable):
 def build_report(
     lengths: np.ndarray,
     *,
-    batching: BatchingConfig,
+    batching: Batching,
     edges: Sequence[int] | None = None,
     num_buckets: int | str = "auto",
     target: float = 0.97,
@@ -446,6 +447,16 @@ def build_report(
     return report, the_plan
 
 
+def truncation_line(t: dict) -> str:
+    """One line on what truncation at the top edge cuts (`pipeline.core.metrics.truncation_counts`
+    plus the `top` it cut at); the lengths above are after the cut."""
+    share = t["truncated_tokens"] / t["tokens"] if t["tokens"] else 0.0
+    return (
+        f"truncated at {t['top']}: {t['truncated_samples']:,} samples, "
+        f"{t['truncated_tokens']:,} tokens ({share:.1%} of {t['tokens']:,})"
+    )
+
+
 def render_text(report: dict) -> str:
     """The report as a readable plain-text table."""
     L, b, ch = report["lengths"], report["batching"], report["chosen"]
@@ -454,6 +465,8 @@ def render_text(report: dict) -> str:
         f"samples {L['samples']:,}  tokens {L['tokens']:,}  length min {L['min']} p50 {L['p50']:.0f} "
         f"p90 {L['p90']:.0f} p99 {L['p99']:.0f} max {L['max']} mean {L['mean']:.0f}"
     )
+    if "truncation" in report:
+        out.append(truncation_line(report["truncation"]))
     if b["mode"] == "fixed":
         sizing = f"fixed batch {b['batch_size']} (global)"
     else:

@@ -52,14 +52,17 @@ def test_make_data_writes_the_preset_lengths_deterministically(tmp_path):
     assert _read(tmp_path / "b").equals(t)
 
 
-def test_make_data_is_idempotent_and_refuses_foreign_dirs(tmp_path):
+def test_make_data_is_idempotent_and_refuses_foreign_dirs(tmp_path, capsys):
     args = ["--out", str(tmp_path / "a"), "--num-samples", "50", "--shards", "2"]
     main(args)
     assert main(args)["skipped"]
     (tmp_path / "x").mkdir()
     (tmp_path / "x" / "notes.txt").write_text("mine")
-    with pytest.raises(FileExistsError, match="choose an empty --out"):
+    with pytest.raises(SystemExit) as e:
         main(["--out", str(tmp_path / "x"), "--num-samples", "10"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "choose an empty --out" in err
 
 
 def test_make_data_help_runs():
