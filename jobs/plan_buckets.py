@@ -109,7 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--token-budget", type=count(1), help="padded tokens per global step (default 65536)"
     )
     p.add_argument(
-        "--round-to", type=count(0), default=8, help="round token-budget batches down to this"
+        "--round-to",
+        type=count(0),
+        help="round token-budget batches down to this (default 8; not with --batch-size)",
     )
     p.add_argument(
         "--pad-to-multiple-of", type=count(1), default=8, help="pad batch max up to this"
@@ -249,11 +251,14 @@ def _check_top_edge(top: int, lengths: np.ndarray, ids: np.ndarray | None, flag:
 
 def _configs(args) -> tuple[BatchingConfig, PlanConfig]:
     """Validate the numeric flags through the run config's own sections."""
-    batching = {"pad_to_multiple_of": args.pad_to_multiple_of, "round_to": args.round_to}
+    batching = {"pad_to_multiple_of": args.pad_to_multiple_of}
     if args.batch_size is not None:
+        if args.round_to is not None:
+            raise InputError("--round-to has no effect with --batch-size: drop one of them")
         batching |= {"mode": "fixed", "batch_size": args.batch_size}
     else:
         batching |= {"mode": "token_budget", "token_budget": args.token_budget or 65_536}
+        batching["round_to"] = 8 if args.round_to is None else args.round_to
     buckets = {"target_efficiency": args.target_efficiency, "max_buckets": args.max_buckets}
     if args.num_buckets != "auto" and args.edges is None:
         buckets["num_buckets"] = args.num_buckets

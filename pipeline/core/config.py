@@ -13,9 +13,7 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
-    NonNegativeFloat,
     NonNegativeInt,
-    PositiveFloat,
     PositiveInt,
     Tag,
     TypeAdapter,
@@ -160,7 +158,9 @@ class ExplicitBuckets(_Section):
     @model_validator(mode="before")
     @classmethod
     def _no_optimiser_fields(cls, data: Any) -> Any:
-        why = "when buckets.edges is given: remove it, or remove buckets.edges to optimise the edges"
+        why = (
+            "when buckets.edges is given: remove it, or remove buckets.edges to optimise the edges"
+        )
         return _forbid("buckets", data, dict.fromkeys(OptimisedBuckets.model_fields, why))
 
     @field_validator("edges")
@@ -363,9 +363,7 @@ class TrainConfig(_Section):
     weight_decay: _FiniteNonNeg = Field(0.1, description="AdamW weight decay (finite, >= 0).")
     betas: tuple[_Beta, _Beta] = Field((0.9, 0.95), description="AdamW betas, each in [0, 1).")
     grad_clip: _FiniteNonNeg = Field(1.0, description="Max global grad norm (0: no clipping).")
-    grad_accum: PositiveInt = Field(
-        1, description="GLOBAL steps accumulated per OPTIMIZER step."
-    )
+    grad_accum: PositiveInt = Field(1, description="GLOBAL steps accumulated per OPTIMIZER step.")
     log_every: PositiveInt = Field(10, description="Log metrics every N GLOBAL steps.")
     bf16: Literal["auto", "on", "off"] = Field(
         "auto", description="bf16 autocast: auto = on for GPU."

@@ -103,7 +103,9 @@ def _switch(model: type[BaseModel], node: dict, key: str, value: Any, keep: set[
     if len(variants) > 1:  # a discriminated section: choose by the field, or the mode's value
         chosen = [m for m in variants if key in m.model_fields]
         if key == "mode":
-            chosen = [m for m in variants if value in typing.get_args(m.model_fields["mode"].annotation)]
+            chosen = [
+                m for m in variants if value in typing.get_args(m.model_fields["mode"].annotation)
+            ]
         allowed = {f for m in chosen for f in m.model_fields}
         if chosen and len(chosen) < len(variants):
             for k in [k for k in node if k not in allowed and k not in keep]:

@@ -22,10 +22,18 @@ from pipeline.core.buckets import EdgeTable, optimize_all, padded_to_edges
 from pipeline.core.config import TEAM_EDGES, Batching, PlanConfig
 from pipeline.core.epochs import auto_edges, simulated_efficiency
 from pipeline.core.metrics import micro_batch_padded
-from pipeline.core.plan import EpochPlan, epoch_plan, global_batch_sizes
+from pipeline.core.plan import (
+    EpochPlan,
+    epoch_plan,
+    global_batch_sizes,
+    length_order,
+    split_offsets,
+)
 
 __all__ = [
     "MEGABATCH_MULT",
+    "POLICY_LABELS",
+    "policy_label",
     "PolicyScore",
     "AutoResult",
     "fixed_batch_size",
@@ -50,6 +58,22 @@ MEGABATCH_MULT = 50
 # (seed, epoch, bucket) or (seed, epoch, INTERLEAVE_STREAM) generators.
 _RANDOM_STREAM, _MEGABATCH_STREAM = 0x52414E44, 0x4D454741
 DEFAULT_COMPARE_KS = (6, 16, 32, 64)
+# Readable names of the policies in reports, tables and plots.
+POLICY_LABELS = {
+    "sorted": "sorted-static",
+    "random": "random",
+    "megabatch": "megabatch (HF group_by_length)",
+    "edges:team": "team's six edges",
+}
+
+
+def policy_label(name: str, auto_k: int | None = None) -> str:
+    """A policy's readable name: `optimal:K` -> "optimal edges, K=K", `optimal:auto` with its K."""
+    if name == "optimal:auto":
+        return f"optimal edges, auto (K={auto_k})" if auto_k else "optimal edges, auto"
+    if name.startswith("optimal:"):
+        return f"optimal edges, K={name.split(':')[1]}"
+    return POLICY_LABELS.get(name, name)
 
 
 @dataclass(frozen=True)
@@ -94,8 +118,10 @@ def fixed_batch_size(lengths: np.ndarray, batching: Batching) -> int:
 
 
 def sorted_order(lengths: np.ndarray) -> np.ndarray:
-    """All samples by ascending length: adjacent batches share lengths (the static upper bound)."""
-    return np.argsort(np.asarray(lengths), kind="stable")
+    """All samples by ascending length, ties by position: the plan's sorted baseline
+    (`pipeline.core.plan.length_order`), adjacent batches sharing lengths (the static upper bound)."""
+    lengths = np.asarray(lengths)
+    return length_order(lengths, np.arange(lengths.size))
 
 
 def random_order(lengths: np.ndarray, seed: int = 0) -> np.ndarray:
@@ -134,12 +160,9 @@ def megabatch_order(
 
 
 def _micro_offsets(global_sizes: np.ndarray, world_size: int) -> np.ndarray:
-    """Flat offsets of every (step, rank) micro-batch, split like `EpochPlan.micro_offsets`."""
-    g = np.asarray(global_sizes, dtype=np.int64)
-    step_offsets = np.concatenate([[0], np.cumsum(g)])
-    r = np.arange(world_size + 1)[None, :]
-    q, rem = g[:, None] // world_size, g[:, None] % world_size
-    mo = step_offsets[:-1, None] + r * q + np.minimum(r, rem)
+    """Flat offsets of every (step, rank) micro-batch, split by the plan's rule (`split_offsets`)."""
+    step_offsets = np.concatenate([[0], np.cumsum(np.asarray(global_sizes, dtype=np.int64))])
+    mo = split_offsets(step_offsets, world_size)
     return np.concatenate([mo[:, :-1].ravel(), step_offsets[-1:]])
 
 

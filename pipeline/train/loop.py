@@ -30,6 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 from pipeline.core.collate import IGNORE_INDEX
 from pipeline.core.config import RunConfig
 from pipeline.core.metrics import BucketLossTracker
+from pipeline.core.runlength import run_length
 from pipeline.learn.checkpoint import (
     DataPosition,
     TrainState,
@@ -43,7 +44,6 @@ from pipeline.learn.checkpoint import (
 from pipeline.learn.logger import MetricLogger, make_logger, new_run_id
 from pipeline.learn.loss import ddp_loss_scale, supervised_tokens, token_sums
 from pipeline.learn.model import build_model
-from pipeline.core.runlength import run_length
 from pipeline.learn.optim import build_optimizer, build_scheduler
 
 __all__ = [
