@@ -28,6 +28,7 @@ from pydantic import BaseModel
 __all__ = ["OverrideError", "apply_overrides", "coerce", "field_annotation"]
 
 _NULL = ("null", "~")
+_SECTION = object()  # the value of a section on the way to the field an override sets
 _SPECIAL_FLOATS = {".inf": "inf", "+.inf": "inf", "-.inf": "-inf", ".nan": "nan"}
 
 
@@ -98,7 +99,10 @@ def coerce(ann: Any, text: str) -> Any:
 
 
 def _switch(model: type[BaseModel], node: dict, key: str, value: Any, keep: set[str]) -> None:
-    """Drop from `node` the fields of the variants that setting `key` rules out (but not `keep`)."""
+    """Drop from `node` the fields of the variants that setting `key` rules out (but not `keep`).
+    Setting a field to None (`data.path=null`) chooses nothing."""
+    if value is None:
+        return
     variants = _models(model)
     if len(variants) > 1:  # a discriminated section: choose by the field, or the mode's value
         chosen = [m for m in variants if key in m.model_fields]
@@ -136,7 +140,7 @@ def apply_overrides(raw: dict, overrides: list[str], model: type[BaseModel]) -> 
             ann = field_annotation(model, parts[:i])
             if ann is not None:
                 keep = {k for k in node if ".".join([*parts[:i], k]) in explicit}
-                _switch(ann, node, p, value if i == len(parts) - 1 else None, keep)
+                _switch(ann, node, p, value if i == len(parts) - 1 else _SECTION, keep)
             if i == len(parts) - 1:
                 node[p] = value
                 break

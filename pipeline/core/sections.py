@@ -154,6 +154,11 @@ class ExplicitBuckets(_Section):
     @model_validator(mode="before")
     @classmethod
     def _no_optimiser_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("edges", 0) is None:
+            raise ValueError(
+                "buckets.edges is null: leave it out to optimise the edges (buckets.num_buckets), "
+                "or give them as [0, e1, ..., top]"
+            )
         why = (
             "when buckets.edges is given: remove it, or remove buckets.edges to optimise the edges"
         )

@@ -242,3 +242,9 @@ def test_contract8_elastic_scaling_range():
         4,
     )
     assert load("scaling.num_workers=4").scaling.ray_num_workers() == 4
+
+
+def test_null_chooses_no_variant():
+    # data.path=null is "no path": the config file's synthetic section stays.
+    assert load("data.path=null").data.synthetic is not None
+    assert "buckets.edges is null: leave it out" in error_of("buckets.edges=null")
