@@ -119,6 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--world-size", type=count(1), default=1, help="ranks each global batch is split over"
     )
+    _add_plan_args(p)
+    return p
+
+
+def _add_plan_args(p: argparse.ArgumentParser) -> None:
+    """Over-length handling, seeds, epoch and the output files."""
     p.add_argument(
         "--over-length",
         choices=("error", "truncate"),
@@ -142,7 +148,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="OUT", help="write the report as JSON")
     p.add_argument("--png", metavar="OUT", help="write the length histogram with edges")
     p.add_argument("--dump-plan", metavar="OUT.parquet", help="write the epoch plan's rows")
-    return p
 
 
 def _lengths_from_npy(path: str) -> np.ndarray:
