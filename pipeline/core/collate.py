@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["IGNORE_INDEX", "padded_length", "collate"]
+__all__ = ["IGNORE_INDEX", "padded_length", "collate", "labels_from_loss_mask"]
 
 # PyTorch's cross_entropy ignore_index default; HF uses the same value for unsupervised tokens.
 IGNORE_INDEX = -100
@@ -15,6 +15,11 @@ def padded_length(max_len: int, upper: int, multiple: int) -> int:
     if max_len > upper:
         raise ValueError(f"batch max length {max_len} exceeds its bucket's upper edge {upper}")
     return int(min(-(-max_len // multiple) * multiple, upper))
+
+
+def labels_from_loss_mask(values: np.ndarray, loss_mask: np.ndarray) -> np.ndarray:
+    """Labels for tokens under a loss mask: the token where the mask is nonzero, else IGNORE_INDEX."""
+    return np.where(np.asarray(loss_mask) != 0, values, IGNORE_INDEX)
 
 
 def collate(
@@ -52,7 +57,7 @@ def collate(
     if labels is not None:
         out_labels[mask] = np.asarray(labels)[lo:hi]
     elif loss_mask is not None:
-        out_labels[mask] = np.where(np.asarray(loss_mask)[lo:hi] != 0, vals, IGNORE_INDEX)
+        out_labels[mask] = labels_from_loss_mask(vals, np.asarray(loss_mask)[lo:hi])
     else:
         out_labels[mask] = vals
     return {
