@@ -1,0 +1,73 @@
+"""Stop requests: end a run early with a checkpoint (Ctrl-C, SIGTERM from spot preemption).
+
+Ray Train runs the training function in a thread of the worker actor, so a worker cannot install
+a signal handler, and the driver's signals never reach it. The driver asks instead, through a
+small named actor, the stop flag:
+
+    driver                                   every worker (Trainer, each global step)
+    flag = create_stop_flag(name)            rank 0 polls the flag (at most every poll_s)
+    on SIGINT/SIGTERM: request_stop(flag)    all ranks all-reduce "stop?" -> the same step
+    keep waiting on trainer.fit()            finish the step, checkpoint, report, return
+
+`fit()` then returns normally, and the final report carries `stopped=1` with the step it
+stopped at; resubmitting resumes from that checkpoint.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+__all__ = ["StopFlag", "create_stop_flag", "request_stop", "stop_poller"]
+
+
+class StopFlag:
+    """Actor body: a reason string once a stop is requested, None before."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+
+    def request(self, reason: str) -> None:
+        self.reason = self.reason or reason
+
+    def requested(self) -> str | None:
+        return self.reason
+
+
+def create_stop_flag(name: str):
+    """The driver's side: start the named flag actor (0 CPUs; it dies with the driver)."""
+    import ray
+
+    return ray.remote(num_cpus=0)(StopFlag).options(name=name).remote()
+
+
+def request_stop(flag, reason: str = "stop requested") -> None:
+    """Ask every worker to stop after its current step; `flag` is a handle or the actor's name.
+    Safe to call from a signal handler (it does not wait for the actor)."""
+    import ray
+
+    if isinstance(flag, str):
+        flag = ray.get_actor(flag)
+    flag.request.remote(reason)
+
+
+def stop_poller(name: str | None, poll_s: float = 2.0) -> Callable[[], bool] | None:
+    """A worker's check of the flag named `name`, asking the actor at most every `poll_s`
+    seconds and never blocking a step for more than 10 s; None without a flag."""
+    if not name:
+        return None
+    import ray
+
+    state = {"next": 0.0, "stop": False, "actor": None}
+
+    def poll() -> bool:
+        now = time.monotonic()
+        if state["stop"] or now < state["next"]:
+            return state["stop"]
+        state["next"] = now + poll_s
+        if state["actor"] is None:
+            state["actor"] = ray.get_actor(name)
+        state["stop"] = ray.get(state["actor"].requested.remote(), timeout=10) is not None
+        return state["stop"]
+
+    return poll
