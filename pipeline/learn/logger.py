@@ -113,6 +113,7 @@ class WandbLogger:
                 f"({type(e).__name__}): logging offline instead (upload later with `wandb sync`)",
                 stacklevel=2,
             )
+            wandb.teardown()  # the W&B service still holds the failed run's id
             self._run = wandb.init(mode="offline", **kw)
         self.mode = "offline" if self._run.settings._offline else mode
 
