@@ -14,7 +14,7 @@ from pipeline.learn.logger import make_logger
 from pipeline.train.faults import FAIL_AT_STEP_ENV, FAIL_MARKER_ENV, FAIL_RANK_ENV
 from pipeline.train.progress import SampleRecorder
 from pipeline.train.step import GroupStats, train_group
-from pipeline.train.stop import stop_poller
+from pipeline.train.stop import stop_flag_name, stop_poller
 from pipeline.train.trainer import RunSpec, Trainer
 
 __all__ = [
@@ -38,7 +38,6 @@ class LoopInputs:
     steps_per_epoch: int
     epochs: list[dict]  # per epoch: {"hash": plan hash, "metrics": {"epoch/...": ...}}
     wandb_dir: str
-    stop_flag: str | None = None  # name of the driver's stop-flag actor (pipeline.train.stop)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -75,14 +74,14 @@ def train_loop(config: dict) -> None:
         epochs=inp.epochs,
         run_dir=ctx.get_storage().experiment_fs_path,
     )
-    # Rank 0 asks the driver's flag; every rank joins the all-reduce that makes it unanimous.
-    stop = stop_poller(inp.stop_flag) if rank == 0 else (lambda: False)
+    # Rank 0 asks the driver's stop flag; every rank joins the all-reduce that makes it unanimous.
+    stop = stop_poller(stop_flag_name(cfg.checkpoint.run_name)) if rank == 0 else (lambda: False)
     trainer = Trainer(
         cfg,
         spec,
         save=_report,
         recorder=SampleRecorder(cfg.train.record_sample_ids, rank),
-        stop=stop if inp.stop_flag else None,
+        stop=stop,
     )
     ckpt = ray.train.get_checkpoint()
     if ckpt is not None:

@@ -4,13 +4,14 @@ Ray Train runs the training function in a thread of the worker actor, so a worke
 a signal handler, and the driver's signals never reach it. The driver asks instead, through a
 small named actor, the stop flag:
 
-    driver                                   every worker (Trainer, each global step)
-    flag = create_stop_flag(name)            rank 0 polls the flag (at most every poll_s)
-    on SIGINT/SIGTERM: request_stop(flag)    all ranks all-reduce "stop?" -> the same step
-    keep waiting on trainer.fit()            finish the step, checkpoint, report, return
+    driver (before TorchTrainer.fit)              every worker (Trainer, each global step)
+    flag = create_stop_flag(stop_flag_name(cfg))  rank 0 polls the flag (at most every poll_s)
+    on SIGINT/SIGTERM: request_stop(flag)         all ranks all-reduce "stop?" -> same step
+    keep waiting on trainer.fit()                 finish the step, checkpoint, report, return
 
 `fit()` then returns normally, and the final report carries `stopped=1` with the step it
-stopped at; resubmitting resumes from that checkpoint.
+stopped at; resubmitting resumes from that checkpoint. Without the actor (a driver that never
+created it) the workers simply never see a request.
 """
 
 from __future__ import annotations
@@ -18,7 +19,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-__all__ = ["StopFlag", "create_stop_flag", "request_stop", "stop_poller"]
+__all__ = ["StopFlag", "stop_flag_name", "create_stop_flag", "request_stop", "stop_poller"]
+
+
+def stop_flag_name(run_name: str) -> str:
+    """The flag actor's name for the run `checkpoint.run_name` (one run per name at a time)."""
+    return f"bucketray-stop-{run_name}"
 
 
 class StopFlag:
@@ -51,11 +57,9 @@ def request_stop(flag, reason: str = "stop requested") -> None:
     flag.request.remote(reason)
 
 
-def stop_poller(name: str | None, poll_s: float = 2.0) -> Callable[[], bool] | None:
-    """A worker's check of the flag named `name`, asking the actor at most every `poll_s`
-    seconds and never blocking a step for more than 10 s; None without a flag."""
-    if not name:
-        return None
+def stop_poller(name: str, poll_s: float = 2.0) -> Callable[[], bool]:
+    """A worker's check of the flag actor `name`: asks it at most every `poll_s` seconds, never
+    waits more than 10 s for an answer, and reads "no request" while the actor does not exist."""
     import ray
 
     state = {"next": 0.0, "stop": False, "actor": None}
@@ -66,7 +70,10 @@ def stop_poller(name: str | None, poll_s: float = 2.0) -> Callable[[], bool] | N
             return state["stop"]
         state["next"] = now + poll_s
         if state["actor"] is None:
-            state["actor"] = ray.get_actor(name)
+            try:
+                state["actor"] = ray.get_actor(name)
+            except ValueError:  # no such actor (yet)
+                return False
         state["stop"] = ray.get(state["actor"].requested.remote(), timeout=10) is not None
         return state["stop"]
 

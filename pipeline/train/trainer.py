@@ -85,6 +85,9 @@ def _crossed(before: int, after: int, every: int | None) -> bool:
 
 
 class Trainer:
+    """One rank's run: `resume(state)`, then `fit(batches, logger)`; `step`, `maybe_log` and
+    `maybe_checkpoint` are its parts, in that order for every optimizer step."""
+
     def __init__(
         self,
         cfg: RunConfig,
@@ -114,6 +117,8 @@ class Trainer:
         self.last_loss = float("nan")
         self.logger: MetricLogger = NullLogger()
         self.window = Window()
+        self.ddp = self.model  # wrapped in DDP by fit() under a process group
+        self.lr = self.grad_norm = self.debiased = float("nan")  # of the last step
 
     # ---- resume (contract 7)
     def resume(self, state: TrainState | None) -> None:
