@@ -101,7 +101,8 @@ def test_offline_restart_before_any_checkpoint_continues_one_wandb_run(tmp_path,
             lg.log({"train/loss": 1.0 / s}, step=s)
         lg.finish()
     runs = sorted((tmp_path / "wandb").glob("offline-run-*"))
-    assert len(runs) == 2 and {p.name.rsplit("-", 1)[1] for p in runs} == {rid}
+    # One folder per attempt (one, if both started within the same second): all with one id.
+    assert runs and {p.name.rsplit("-", 1)[1] for p in runs} == {rid}
     assert json.loads((tmp_path / f"bucketray-logged-step-{rid}.json").read_text()) == {"step": 4}
 
 
