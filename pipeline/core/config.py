@@ -10,6 +10,7 @@ import yaml
 from pydantic import (
     Field,
     NonNegativeInt,
+    PositiveFloat,
     PositiveInt,
     ValidationError,
     field_validator,
@@ -142,6 +143,11 @@ class TrainConfig(_Section):
         "auto", description="bf16 autocast: auto = on for GPU."
     )
     seed: NonNegativeInt = Field(0, description="Model init / dropout seed.")
+    max_nonfinite_steps: NonNegativeInt = Field(
+        0,
+        description="Optimizer steps in a row with a NaN/inf loss or gradient norm that are skipped "
+        "(no update) before the run stops with NonFiniteLossError; 0: stop at the first.",
+    )
     metrics_file: str | None = Field(
         None,
         description="Rank 0 also appends every logged metric as one JSON line to this file, on its "
@@ -182,6 +188,11 @@ class WandbConfig(_Section):
         None, description="Where W&B writes its run folder; null: the run's storage dir."
     )
     tags: list[str] = Field(default_factory=list, description="W&B tags.")
+    init_timeout_s: PositiveFloat = Field(
+        30.0,
+        description="Seconds wandb.init may take (online: reaching the server); past it the run "
+        "logs offline with a warning instead.",
+    )
 
 
 class ScalingConfig(_Section):
