@@ -19,26 +19,6 @@ from pipeline.core.config import ConfigError, load_config
 DEBUG_ENV = "BUCKETRAY_DEBUG"
 
 
-def user_error_types() -> tuple[type[BaseException], ...]:
-    """Every error class that is the user's to fix, printed as one line (exit code 2)."""
-    from pipeline.data import DataError
-    from pipeline.learn.checkpoint import CheckpointError, ResumeError
-
-    types: tuple[type[BaseException], ...] = (
-        ConfigError, DataError, ResumeError, CheckpointError, OSError,
-    )  # fmt: skip
-    try:  # the worker loop's non-finite-loss error, where the loop defines one
-        from pipeline.train import loop
-
-        types += tuple(
-            t for t in vars(loop).values()
-            if isinstance(t, type) and issubclass(t, Exception) and getattr(t, "retryable", True) is False
-        )  # fmt: skip
-    except ImportError:
-        pass
-    return types
-
-
 def _one_line(e: BaseException) -> str:
     text = " ".join(str(e).split()) or type(e).__name__
     if isinstance(e, OSError) and not isinstance(e, ConfigError):
@@ -71,14 +51,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {_one_line(e)}", file=sys.stderr)
         return 2
     # Imported after validation, so a config typo fails before Ray or torch load.
+    from pipeline.train.control import is_deterministic
     from pipeline.train.launch import run
 
     try:
         summary = run(cfg, address=args.address)
-    except user_error_types() as e:
+    except Exception as e:
+        # A user error: a config, data, resume or checkpoint error, a non-finite loss (any class
+        # with `retryable = False`), or storage that cannot be reached or written (OSError).
+        if not (is_deterministic(e) or isinstance(e, OSError)):
+            raise
         if debug:
             traceback.print_exc()
         print(f"error: {_one_line(e)}", file=sys.stderr)

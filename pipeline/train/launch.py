@@ -11,7 +11,6 @@ checkpoint.storage_path and run_name resumes: Ray Train hands the loop its lates
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
@@ -27,14 +26,7 @@ import pyarrow.fs as pafs
 from pipeline.core.config import ConfigError, RunConfig
 from pipeline.core.metrics import padding_efficiency
 from pipeline.core.plan import EpochPlan, steps_per_epoch
-from pipeline.learn.checkpoint import (
-    SAVE_FAIL_ENV,
-    STATE_FILE,
-    DataPosition,
-    ResumeError,
-    check_resume,
-    global_batch_definition,
-)
+from pipeline.learn.checkpoint import SAVE_FAIL_ENV
 from pipeline.train.control import trainer_class, user_error
 from pipeline.train.loop import (
     FAIL_AT_STEP_ENV,
@@ -48,16 +40,14 @@ from pipeline.train.preflight import (
     check_stable_paths,
     preflight,
     resolve_address,
-    truncation_summary,
 )
+from pipeline.train.resume_check import check_resume_on_driver, truncation_note
 from pipeline.train.runlock import RunLease, clear_stop, request_stop
 
 __all__ = [
     "TrainSummary",
-    "check_resume_on_driver",
     "epoch_metrics",
     "init_ray",
-    "latest_position",
     "run",
     "run_dir",
     "storage_path",
@@ -189,58 +179,6 @@ def _run_fs(cfg: RunConfig) -> tuple[pafs.FileSystem, str]:
     return fs or pafs.LocalFileSystem(), f"{path.rstrip('/')}/{cfg.checkpoint.run_name}"
 
 
-def latest_position(fs: pafs.FileSystem, rdir: str) -> tuple[str, DataPosition] | None:
-    """The complete checkpoint of `rdir` with the most global steps, and its data position."""
-    best = None
-    for info in fs.get_file_info(pafs.FileSelector(rdir, allow_not_found=True)):
-        if info.type != pafs.FileType.Directory or not info.base_name.startswith("checkpoint_"):
-            continue
-        try:
-            with fs.open_input_stream(f"{info.path}/{STATE_FILE}") as f:
-                meta = json.loads(f.read())
-        except FileNotFoundError:  # incomplete: Ray Train never reported it
-            continue
-        pos = DataPosition.from_dict(meta["position"])
-        if best is None or pos.steps_done > best[1].steps_done:
-            best = (info.path, pos)
-    return best
-
-
-def check_resume_on_driver(
-    cfg: RunConfig, fs: pafs.FileSystem, rdir: str, edges: list[int], epochs: list[dict]
-) -> None:
-    """The worker loop's resume check, run before any worker starts: a checkpoint that cannot
-    continue under this config or data is refused in seconds, not after every retry."""
-    found = latest_position(fs, rdir)
-    if found is None or found[1].epoch >= len(epochs):
-        return
-    path, p = found
-    elastic = cfg.scaling.min_workers is not None  # the world size is only known in the workers
-    try:
-        check_resume(
-            p,
-            global_batch=global_batch_definition(cfg, edges),
-            plan_hash=epochs[p.epoch]["hash"],
-            world_size=p.world_size if elastic else cfg.scaling.num_workers,
-            on_world_size_change=cfg.plan.on_world_size_change,
-        )
-    except ResumeError as e:
-        raise ResumeError(f"{e} (checkpoint {path})") from None
-
-
-def _truncation_note(cfg: RunConfig, index) -> str | None:
-    """One line on what data.over_length=truncate cuts, None when nothing is truncated."""
-    top = index.truncate_to
-    if top is None:
-        return None
-    raw = getattr(index, "untruncated_lengths", None)
-    if raw is not None:
-        n, share = truncation_summary(raw, top)
-        return f"truncating {n:,} samples ({share:.2%} of tokens) to the top edge {top}"
-    n = int(np.count_nonzero(index.lengths >= top))
-    return f"data.over_length=truncate: {n:,} samples reach the top edge {top} (cut or exactly {top} long)"
-
-
 def _plan_epochs(cfg: RunConfig, index, edges: list[int], S: int, total: int) -> list[dict]:
     from pipeline.data import epoch_plan_for
 
@@ -282,7 +220,7 @@ def run(cfg: RunConfig, *, address: str | None = None) -> TrainSummary:
     total = min(S * cfg.train.epochs, cfg.train.max_steps or S * cfg.train.epochs)
     epochs = _plan_epochs(cfg, index, edges, S, total)
     check_resume_on_driver(cfg, fs, rdir, edges, epochs)
-    note = _truncation_note(cfg, index)
+    note = truncation_note(index)
     if note:
         print(f"[bucketray] {note}", flush=True)
     print(

@@ -155,6 +155,7 @@ def preflight(cluster: Mapping[str, float], cfg: RunConfig, *, autoscaling: bool
         raise ConfigError(
             f"{what} = {need + extra:g} {name} > {have:g} in the cluster: "
             + fix.get(name, f"drop {name} from scaling.resources_per_worker or add nodes with it")
+            + " (on a cluster that adds nodes on demand: scaling.autoscaling=true)"
         )
 
 

@@ -118,7 +118,7 @@ class RunLease:
         self._thread: threading.Thread | None = None
 
     def _read(self) -> Lease | None:
-        for attempt in range(3):  # a lease caught mid-write on a local disk reads as garbage
+        for _ in range(3):  # a lease caught mid-write on a local disk reads as garbage
             try:
                 with self.fs.open_input_stream(self.path) as f:
                     lease = Lease.from_json(f.read().decode())

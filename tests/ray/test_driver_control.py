@@ -115,7 +115,8 @@ def test_workers_that_leave_ray_data_no_cpu_are_refused(cluster, tmp_path, data_
     assert main(sets) == 2
     assert _one_error_line(capsys) == (
         "error: 3 workers x 0.5 CPU + 1 CPU for Ray Data = 2.5 CPU > 2 in the cluster: lower "
-        "scaling.num_workers (or scaling.min_workers) or scaling.cpus_per_worker"
+        "scaling.num_workers (or scaling.min_workers) or scaling.cpus_per_worker (on a cluster "
+        "that adds nodes on demand: scaling.autoscaling=true)"
     )
 
 
@@ -146,14 +147,16 @@ def test_a_run_directory_in_use_is_refused(cluster, tmp_path, data_dir, capsys):
 
 def test_driver_resume_check_reads_the_latest_complete_checkpoint(tmp_path):
     fs = pafs.LocalFileSystem()
-    assert launch.latest_position(fs, str(tmp_path / "none")) is None
+    from pipeline.train.resume_check import latest_position
+
+    assert latest_position(fs, str(tmp_path / "none")) is None
     for step, complete in ((5, True), (9, True), (12, False)):
         d = tmp_path / f"checkpoint_step{step:08d}"
         d.mkdir()
         if complete:
             pos = DataPosition(0, step, "h", 2, {}, step)
             (d / STATE_FILE).write_text(__import__("json").dumps({"position": pos.to_dict()}))
-    path, pos = launch.latest_position(fs, str(tmp_path))
+    path, pos = latest_position(fs, str(tmp_path))
     assert path.endswith("checkpoint_step00000009") and pos.steps_done == 9
 
 
