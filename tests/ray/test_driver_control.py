@@ -214,3 +214,33 @@ def test_the_trainer_installs_the_stop_handler_for_sigint_and_sigterm(tmp_path):
     finally:
         for s, h in before.items():
             signal.signal(s, h)
+
+
+@pytest.mark.slow
+def test_a_resume_refused_in_the_workers_ends_at_the_first_attempt(
+    cluster, tmp_path, data_dir, capfd
+):
+    """Two fits: a 2-worker run checkpoints; the same run resumed elastically on 1 worker under
+    plan.on_world_size_change=refuse fails in the worker (the driver cannot know the elastic
+    world size). The ResumeError is raised at the first failure, not after max_failures=2
+    retries, and the CLI prints its one line."""
+    small = {"model.d_model": "32", "model.n_layers": "1", "model.n_heads": "2", "model.d_ff": "64"}
+    first = _sets(
+        tmp_path, data_dir, **small, **{"train.max_steps": "4", "checkpoint.every_steps": "2"}
+    )
+    assert main(first) == 0
+    capfd.readouterr()
+    again = {
+        **small,
+        "train.max_steps": "8",
+        "checkpoint.every_steps": "2",
+        "checkpoint.max_failures": "2",
+        "scaling.num_workers": "1",
+        "scaling.min_workers": "1",
+        "plan.on_world_size_change": "refuse",
+    }
+    assert main(_sets(tmp_path, data_dir, **again)) == 2
+    out = capfd.readouterr()
+    errors = [ln for ln in out.err.splitlines() if ln.startswith("error:")]
+    assert errors == [errors[0]] and "written by 2 workers, this run has 1" in errors[0], out.err
+    assert "[FailurePolicy] RETRY" not in out.out + out.err

@@ -125,3 +125,22 @@ def test_truncation_counts_samples_and_token_share_beyond_the_top_edge():
     n, share = truncation_summary(np.array([10, 600, 512, 1000]), 512)
     assert n == 2 and share == pytest.approx((88 + 488) / 2122)
     assert truncation_summary(np.array([], dtype=np.int32), 512) == (0, 0.0)
+
+
+def test_run_start_line_on_truncation():
+    from types import SimpleNamespace
+
+    from pipeline.train.resume_check import truncation_note
+
+    clipped = np.array([10, 512, 512, 300], dtype=np.int32)
+    assert truncation_note(SimpleNamespace(truncate_to=None, lengths=clipped)) is None
+    note = truncation_note(SimpleNamespace(truncate_to=512, lengths=clipped))
+    assert (
+        note
+        == "data.over_length=truncate: 2 samples reach the top edge 512 (cut or exactly 512 long)"
+    )
+    raw = np.array([10, 600, 512, 300], dtype=np.int32)
+    note = truncation_note(
+        SimpleNamespace(truncate_to=512, lengths=clipped, untruncated_lengths=raw)
+    )
+    assert note == "truncating 1 samples (6.19% of tokens) to the top edge 512"
