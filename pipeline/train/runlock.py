@@ -221,10 +221,9 @@ def request_stop(fs: pafs.FileSystem, run_dir: str) -> str:
 
 def clear_stop(fs: pafs.FileSystem, run_dir: str) -> None:
     """Remove a stop request left by an earlier run, which would stop this one at once."""
-    try:
-        fs.delete_file(f"{run_dir.rstrip('/')}/{STOP_FILE}")
-    except FileNotFoundError:
-        pass
+    path = f"{run_dir.rstrip('/')}/{STOP_FILE}"
+    if fs.get_file_info(path).type != pafs.FileType.NotFound:
+        fs.delete_file(path)
 
 
 def make_stop_handler(request: Callable[[], object], abort: Callable[[], object]):
