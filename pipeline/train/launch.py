@@ -58,6 +58,8 @@ __all__ = [
 FORWARDED_ENV = ("WANDB_MODE", FAIL_AT_STEP_ENV, FAIL_MARKER_ENV, FAIL_RANK_ENV, SAVE_FAIL_ENV)
 # How long a given Ray address may take to answer before the run gives up.
 CONNECT_TIMEOUT_S = 15.0
+# How long the resources of a cluster just joined may take to cover the run's workers.
+NODES_WAIT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -134,14 +136,14 @@ def epoch_metrics(plan: EpochPlan, edges: list[int], pad_to_multiple_of: int) ->
     return out
 
 
-def init_ray(address: str | None = None, *, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+def init_ray(address: str | None = None, *, timeout_s: float = CONNECT_TIMEOUT_S) -> bool:
     """Start or join Ray: `address` (the --address flag), else RAY_ADDRESS, else a private local
     instance. A given address that does not answer within `timeout_s` is a one-line
-    ConfigError, not minutes of silent retries."""
+    ConfigError, not minutes of silent retries. True if it joined a running cluster."""
     import ray
 
     if ray.is_initialized():
-        return
+        return False
     target = resolve_address(address)
     if target == "auto":
         from ray._private.services import get_ray_address_from_environment
@@ -156,6 +158,7 @@ def init_ray(address: str | None = None, *, timeout_s: float = CONNECT_TIMEOUT_S
     if target != "local":
         check_reachable(target, timeout_s)
     ray.init(address=target)
+    return target != "local"
 
 
 def _cluster_capacity(cfg: RunConfig) -> tuple[dict, bool]:
@@ -171,6 +174,21 @@ def _cluster_capacity(cfg: RunConfig) -> tuple[dict, bool]:
     if most:
         return {k: float(v) for k, v in most.items()}, False
     return ray.cluster_resources(), cfg.scaling.autoscaling
+
+
+def _check_resources(cfg: RunConfig, *, wait_s: float) -> None:
+    """`preflight` against the cluster. A cluster just joined may still be registering its
+    nodes (a RayJob is submitted once its pods run), so a shortfall is re-checked for up to
+    `wait_s` seconds before the run is refused."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        capacity, autoscaling = _cluster_capacity(cfg)
+        try:
+            return preflight(capacity, cfg, autoscaling=autoscaling)
+        except ConfigError:
+            if time.monotonic() >= deadline:
+                raise
+        time.sleep(5.0)
 
 
 def _run_fs(cfg: RunConfig) -> tuple[pafs.FileSystem, str]:
@@ -203,9 +221,7 @@ def run(cfg: RunConfig, *, address: str | None = None) -> TrainSummary:
     t0 = time.perf_counter()
     check_stable_paths(cfg)
     cfg.warn_inert_knobs()
-    init_ray(address)
-    capacity, autoscaling = _cluster_capacity(cfg)
-    preflight(capacity, cfg, autoscaling=autoscaling)
+    _check_resources(cfg, wait_s=NODES_WAIT_S if init_ray(address) else 0.0)
     fs, rdir = _run_fs(cfg)
 
     path = resolve_data_path(cfg)
