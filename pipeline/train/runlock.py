@@ -41,7 +41,7 @@ from pipeline.core.config import ConfigError
 
 __all__ = ["LEASE_FILE", "STALE_S", "HEARTBEAT_S", "STOP_FILE", "Lease", "RunInUseError"]
 __all__ += ["RunLease", "clear_stop", "lease_decision", "make_stop_handler", "pid_alive"]
-__all__ += ["request_stop"]
+__all__ += ["request_stop", "stop_requested"]
 
 LEASE_FILE = "RUN_LEASE.json"
 STALE_S = 120.0  # a heartbeat older than this: the holder is gone
@@ -224,6 +224,11 @@ def clear_stop(fs: pafs.FileSystem, run_dir: str) -> None:
     path = f"{run_dir.rstrip('/')}/{STOP_FILE}"
     if fs.get_file_info(path).type != pafs.FileType.NotFound:
         fs.delete_file(path)
+
+
+def stop_requested(fs: pafs.FileSystem, run_dir: str) -> bool:
+    """For the worker loop, once per step: has the driver asked the run to stop?"""
+    return fs.get_file_info(f"{run_dir.rstrip('/')}/{STOP_FILE}").type != pafs.FileType.NotFound
 
 
 def make_stop_handler(request: Callable[[], object], abort: Callable[[], object]):

@@ -23,6 +23,7 @@ from pipeline.train.runlock import (
     lease_decision,
     make_stop_handler,
     request_stop,
+    stop_requested,
 )
 
 FS = pafs.LocalFileSystem()
@@ -142,8 +143,10 @@ def test_releasing_never_deletes_another_holders_lease(tmp_path):
 
 
 def test_stop_request_writes_and_clears_the_stop_file(tmp_path):
+    assert not stop_requested(FS, str(tmp_path / "run"))
     path = request_stop(FS, str(tmp_path / "run"))
     assert path == f"{tmp_path}/run/{STOP_FILE}" and (tmp_path / "run" / STOP_FILE).is_file()
+    assert stop_requested(FS, str(tmp_path / "run"))
     clear_stop(FS, str(tmp_path / "run"))
     assert not (tmp_path / "run" / STOP_FILE).exists()
     clear_stop(FS, str(tmp_path / "run"))  # nothing to clear: fine
