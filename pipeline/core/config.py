@@ -214,6 +214,18 @@ class ScalingConfig(_Section):
         description="Extra Ray resources each worker reserves besides CPU/GPU, e.g. a custom "
         "resource that only certain nodes have.",
     )
+    autoscaling: bool = Field(
+        False,
+        description="The cluster adds nodes on demand but does not publish its maximum size: "
+        "skip the driver's check that the workers plus one CPU for Ray Data fit in the cluster "
+        "(a cluster whose autoscaler publishes its maximum is checked against that maximum).",
+    )
+    start_retries: Annotated[int, Field(ge=-1)] = Field(
+        3,
+        description="Times Ray Train may retry starting the worker group when the workers do "
+        "not fit (each try waits RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S, 60 s by default); "
+        "-1: retry forever, e.g. while an autoscaler adds nodes.",
+    )
 
     @model_validator(mode="after")
     def _elastic_range(self) -> ScalingConfig:

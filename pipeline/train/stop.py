@@ -41,10 +41,11 @@ class StopFlag:
 
 
 def create_stop_flag(name: str):
-    """The driver's side: start the named flag actor (0 CPUs; it dies with the driver)."""
+    """The driver's side: start the named flag actor (0 CPUs; it dies with the driver), or get
+    this driver's own if it already made one (a caller that wants to stop the run early)."""
     import ray
 
-    return ray.remote(num_cpus=0)(StopFlag).options(name=name).remote()
+    return ray.remote(num_cpus=0)(StopFlag).options(name=name, get_if_exists=True).remote()
 
 
 def request_stop(flag, reason: str = "stop requested") -> None:

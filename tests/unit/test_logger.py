@@ -1,6 +1,7 @@
 """One logger interface: W&B on rank 0 only, no-op elsewhere, capturable in tests."""
 
 import json
+import re
 import socket
 
 import pytest
@@ -102,7 +103,11 @@ def test_offline_restart_before_any_checkpoint_continues_one_wandb_run(tmp_path,
         lg.finish()
     runs = sorted((tmp_path / "wandb").glob("offline-run-*"))
     # One folder per attempt (one, if both started within the same second): all with one id.
-    assert runs and {p.name.rsplit("-", 1)[1] for p in runs} == {rid}
+    # offline-run-<time>-<id>, with "-1", "-2" appended when two attempts start in one second.
+    ids = {
+        re.fullmatch(r"offline-run-\d{8}_\d{6}-([0-9a-z]+)(-\d+)?", p.name).group(1) for p in runs
+    }
+    assert runs and ids == {rid}
     assert json.loads((tmp_path / f"bucketray-logged-step-{rid}.json").read_text()) == {"step": 4}
 
 
