@@ -47,8 +47,11 @@ class OnBadRows(StrEnum):
 
 
 class SyntheticConfig(_Section):
-    preset: Literal["seed902k"] = Field(
-        "seed902k", description="Length distribution (DESIGN.md, seed-calibrated synthetic data)."
+    preset: Literal["seed902k", "pystdlib"] = Field(
+        "seed902k",
+        description="seed902k: the seed-calibrated synthetic lengths (DESIGN.md); pystdlib: real "
+        "text, this Python's standard library split into functions, byte tokens (vocab 259; "
+        "num_samples is ignored), see pipeline/core/textcorpus.py.",
     )
     num_samples: PositiveInt = Field(20_000, description="Number of samples to generate.")
     shards: PositiveInt = Field(4, description="Number of parquet shards to write.")
