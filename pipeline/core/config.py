@@ -182,7 +182,19 @@ class PlanConfig(_Section):
 
 class ModelConfig(_Section):
     name: str = Field(
-        "tiny_decoder", description="Model registry entry (pipeline.learn.model.MODELS)."
+        "tiny_decoder",
+        description="A registry entry (pipeline.learn.model.MODELS), `hf_causal_lm` (a Hugging "
+        "Face causal LM from model.hf_config) or `package.module:factory` (your own; see "
+        "pipeline/learn/factory.py for the forward signature).",
+    )
+    hf_config: str | dict[str, Any] | None = Field(
+        None,
+        description="For hf_causal_lm: a local config.json (or its directory) or an inline dict "
+        "with model_type; vocab_size defaults to model.vocab_size. Never downloaded.",
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Free-form keyword config handed to a `package.module:factory` model.",
     )
     vocab_size: PositiveInt = Field(
         512, description="Vocabulary size; token ids must be < vocab_size."
