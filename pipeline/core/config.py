@@ -206,6 +206,17 @@ class ModelConfig(_Section):
     dropout: Annotated[float, Field(ge=0, lt=1)] = Field(0.0, description="Dropout probability.")
 
     @model_validator(mode="after")
+    def _model_kind(self) -> ModelConfig:
+        if self.name == "hf_causal_lm" and self.hf_config is None:
+            raise ValueError(
+                "model.name=hf_causal_lm needs model.hf_config: a local config.json path or an "
+                "inline dict with model_type"
+            )
+        if ":" in self.name and not all(self.name.partition(":")[::2]):
+            raise ValueError(f"model.name={self.name!r}: expected 'package.module:factory'")
+        return self
+
+    @model_validator(mode="after")
     def _heads_divide(self) -> ModelConfig:
         if self.d_model % self.n_heads:
             raise ValueError(
