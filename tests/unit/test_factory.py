@@ -73,6 +73,11 @@ def test_model_config_accepts_hf_config_and_options_in_yaml_shape():
     assert cfg.model.hf_config["model_type"] == "llama"
     with pytest.raises(ConfigError, match="model.options"):
         validate({"model": {"options": [1, 2]}})
+    # Checked on the driver, before any worker starts.
+    with pytest.raises(ConfigError, match="needs model.hf_config"):
+        validate({"model": {"name": "hf_causal_lm"}})
+    with pytest.raises(ConfigError, match="package.module:factory"):
+        validate({"model": {"name": "mypkg.models:"}})
 
 
 def test_hf_causal_lm_from_inline_dict_and_config_json(tmp_path):
@@ -112,6 +117,7 @@ def test_hf_causal_lm_from_inline_dict_and_config_json(tmp_path):
 )
 def test_hf_config_errors_name_the_field(hf_config, match):
     pytest.importorskip("transformers")
-    cfg = ModelConfig(name="hf_causal_lm", vocab_size=300, hf_config=hf_config)
+    cfg = ModelConfig(name="hf_causal_lm", vocab_size=300, hf_config=TINY_LLAMA)
+    cfg = cfg.model_copy(update={"hf_config": hf_config})  # past the driver-side check
     with pytest.raises(ValueError, match=match):
         build_model(cfg, max_positions=64)
