@@ -134,7 +134,9 @@ def _lengths_from_data(path: str, config: str | None) -> tuple[np.ndarray, np.nd
             "use --lengths-npy or --preset instead"
         ) from None
     # The run config decides what a valid row is (vocab size, max length, bad-row policy).
-    cfg = load_config(config, [f"data.path={json.dumps(path)}"])
+    # Without one, every token id and length is valid: a report on any tokenized dataset.
+    anything = [] if config else [f"model.vocab_size={2**31 - 1}", f"data.max_length={2**31 - 1}"]
+    cfg = load_config(config, [f"data.path={json.dumps(path)}", *anything])
     try:
         index = build_length_index(cfg, path)
     except DataError as err:

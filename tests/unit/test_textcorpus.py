@@ -169,3 +169,27 @@ def test_the_pipeline_builds_the_text_preset_on_first_use(tmp_path):
     assert resolve_data_path(cfg) == str(out)
     assert text_corpus_is_current(out, shards=cfg.data.synthetic.shards)
     assert (out / MANIFEST).is_file() and len(list(out.glob("shard-*.parquet"))) == 4
+
+
+def test_plan_buckets_data_without_a_config_accepts_any_vocab_and_length(tmp_path, monkeypatch):
+    """Real tokenized data (a 50K vocabulary, functions over 8192 tokens) needs no run config."""
+    import sys
+    import types
+
+    from jobs.plan_buckets import main as plan_main
+
+    seen = []
+
+    def build_length_index(cfg, path):
+        seen.append((cfg.model.vocab_size, cfg.data.max_length))
+        return types.SimpleNamespace(sample_ids=np.arange(300), lengths=np.arange(1, 301) * 60)
+
+    fake = types.ModuleType("pipeline.data")
+    fake.build_length_index, fake.DataError = build_length_index, ValueError
+    monkeypatch.setitem(sys.modules, "pipeline.data", fake)  # no Ray in unit tests
+    args = ["--data", str(tmp_path), "--batch-size", "8", "--num-buckets", "3"]
+    assert plan_main(args) == 0
+    assert seen[-1][0] >= 50_000 and seen[-1][1] >= 18_000
+    (tmp_path / "c.yaml").write_text("model: {vocab_size: 300}\ndata: {max_length: 20000}\n")
+    assert plan_main([*args, "--config", str(tmp_path / "c.yaml")]) == 0
+    assert seen[-1] == (300, 20000)
