@@ -106,7 +106,10 @@ def test_tokenize_user_errors_are_one_line(cluster, tmp_path, capsys):
         tokenize_main([*args, "--out", str(tmp_path / "o")])
     assert e.value.code == 2
     err = capsys.readouterr().err
-    assert "no column 'text'" in err and "--text-column" in err
+    assert "a.parquet: no column 'text'" in err and "--text-column" in err
+    # The fix works into the same output directory.
+    s = tokenize_main([*args, "--out", str(tmp_path / "o"), "--text-column", "content"])
+    assert s["samples"] == 1
     with pytest.raises(SystemExit):
         tokenize_main(
             ["--input", str(tmp_path / "in"), "--tokenizer", "/nope.json"] + ["--out", "x"]
