@@ -152,7 +152,7 @@ def plot_bucket_curves(result: dict, path: str | Path) -> str:
         ks, kv = zip(*pts, strict=True)
         ax.plot(ks, kv, color=cmap(k / max(top, 1)), linewidth=1.0, marker=".", markersize=3)
     s, v = zip(*c["loss_debiased"], strict=True)
-    ax.plot(s, v, color="#000000", linewidth=1.4, label="train/loss_debiased", zorder=3)
+    ax.plot(s, v, color="#000000", linewidth=0.9, alpha=0.8, label="train/loss_debiased", zorder=3)
     sm = plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(0, top))
     fig.colorbar(sm, ax=ax, label="bucket (its points at the steps that trained it)")
     r = result["readability"]
@@ -161,6 +161,9 @@ def plot_bucket_curves(result: dict, path: str | Path) -> str:
         f"{result['num_buckets']} buckets, var Δ debiased / raw = {r['ratio']:.2f}",
         fontsize=10,
     )
+    late = np.array([v for _, v in c["loss"]][len(c["loss"]) // 4 :])
+    if late.size:  # the first steps fall by nats: zoom on the part where the buckets differ
+        ax.set_ylim(float(late.min()) - 0.15, float(np.percentile(late, 99)) + 0.35)
     ax.set_xlabel("global step")
     ax.set_ylabel("loss (nats / token)")
     ax.legend(loc="upper right", fontsize=8)
