@@ -37,7 +37,7 @@ from pipeline.core.synthetic import PRESETS, seed902k_lengths
 
 PROG = "python -m jobs.plan_buckets"
 # Token ids are int32: a vocabulary this large accepts every id (no vocabulary check).
-NO_VOCAB_CHECK = 2**31 - 1
+NO_VOCAB_CHECK = 2**31 - 1  # "no limit" for the vocabulary and the sample length
 DEFAULT_MAX_LENGTH = 8192  # data.max_length's default
 
 
@@ -135,8 +135,9 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-length",
         type=count(1),
-        default=DEFAULT_MAX_LENGTH,
-        help="top edge bound without --edges, as data.max_length (default %(default)s)",
+        default=None,
+        help="top edge bound without --edges, as data.max_length (default: --config's "
+        f"data.max_length; for --data without --config the longest sample; else {DEFAULT_MAX_LENGTH})",
     )
     p.add_argument(
         "--plan-seed",
@@ -169,11 +170,30 @@ def _lengths_from_npy(path: str) -> np.ndarray:
 
 
 def _data_config(path: str, config: str | None, vocab_size: int | None):
-    """The run config that decides what a valid row is; no vocabulary check unless one is given."""
+    """The run config that decides what a valid row is (vocabulary, longest sample, bad-row
+    policy). Without one, any token id and any length is valid: a report on any tokenized
+    dataset, no model needed."""
     overrides = [f"data.path={path}"]
     if vocab_size is not None or config is None:
         overrides.append(f"model.vocab_size={vocab_size or NO_VOCAB_CHECK}")
+    if config is None:
+        # The report sizes its own batches (--token-budget / --batch-size); the run's batching
+        # section only has to accept the unbounded length.
+        overrides += [f"data.max_length={NO_VOCAB_CHECK}", "batching.mode=fixed"]
     return load_config(config, overrides)
+
+
+def _max_length(args: argparse.Namespace, lengths: np.ndarray) -> int:
+    """The top-edge bound: --max-length, else the run config's, else (a report on --data without
+    a config needs no model) the longest sample, else data.max_length's default."""
+    if args.max_length is not None:
+        return args.max_length
+    if args.config is not None:
+        overrides = [f"data.path={args.data}"] if args.data else []
+        return load_config(args.config, overrides).data.max_length
+    if args.data and lengths.size:
+        return int(lengths.max())
+    return DEFAULT_MAX_LENGTH
 
 
 def _lengths_from_data(
@@ -308,7 +328,11 @@ def run(args) -> int:
     lengths, ids, source = load_lengths(args)
     log(f"loaded {source}: {lengths.size:,} lengths in {time.perf_counter() - t:.2f}s")
     _check_lengths(lengths, ids, source)
-    top, flag = (edges[-1], "--edges") if edges is not None else (args.max_length, "--max-length")
+    top, flag = (
+        (edges[-1], "--edges")
+        if edges is not None
+        else (_max_length(args, lengths), "--max-length")
+    )
     truncation = None
     if args.over_length == "truncate":
         truncation = {"top": top, **truncation_counts(lengths, top)}

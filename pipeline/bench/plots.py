@@ -171,6 +171,10 @@ def plot_all(results: dict, out_dir: str | Path) -> list[str]:
         if bucketed:
             plot_loss(tr, bucketed, out / "loss.png")
             written.append(out / "loss.png")
+    if "realtext" in tr:
+        from pipeline.bench.realtext import plot_bucket_curves
+
+        written.append(plot_bucket_curves(tr["realtext"], out / "realtext_bucket_loss.png"))
     if results.get("quality", {}).get("recomposition"):
         plot_recomposition(results["quality"], out / "recomposition.png")
         written.append(out / "recomposition.png")

@@ -12,6 +12,8 @@ __all__ = ["render_markdown", "render_headline", "GOAL_VS_SORTED", "RECOMPOSITIO
 # Issue 5: the bucketed policy's throughput goal, and the recomposition target.
 GOAL_VS_SORTED = 0.93
 RECOMPOSITION_TARGET = 0.01
+# Real text: the bucket-debiased loss should vary at most half as much step to step as the raw.
+READABILITY_GOAL = 0.5
 _NAMES = {
     "sorted": "sorted-static",
     "random": "random",
@@ -124,7 +126,33 @@ def _verdicts(r: dict) -> list[str]:
             f"{_pct(rnd['chance_floor'])}). Pair-level, {_pct(ours['repeated_pairs'], 3)} of "
             f"sample pairs meet again (sorted-static: {_pct(rows['sorted']['repeated_pairs'], 0)})."
         )
+    out += _realtext_verdict(r)
     return out + [""]
+
+
+def _realtext_verdict(r: dict) -> list[str]:
+    """Loss readability on synthetic and on real text, for the headline."""
+    tr = r.get("training", {})
+    rt, syn = tr.get("realtext"), tr.get("readability", {}).get("optimal:auto")
+    if not rt:
+        return []
+    x = rt["readability"]
+    met = "met" if x["ratio"] <= READABILITY_GOAL else "not met"
+    lo, hi = rt["bucket_mean_loss_span"] or (float("nan"), float("nan"))
+    corr = rt["bucket_loss_corr"]
+    return [
+        f"- Loss readability on real text (goal: var of step-to-step change, debiased / raw <= "
+        f"{READABILITY_GOAL}): **{met}** — {x['ratio']:.2f} on the Python "
+        f"{rt['corpus']['python']} standard library ({rt['corpus']['samples']:,} functions, byte "
+        f"tokens, {rt['num_buckets']} buckets, {rt['steps']} steps), where per-bucket mean loss "
+        f"spans {lo:.2f}-{hi:.2f} nats (correlation with the bucket "
+        f"{'n/a' if corr is None else f'{corr:.2f}'}); "
+        + (
+            f"{syn['ratio']:.2f} on the synthetic corpus, whose buckets have no loss offset."
+            if syn
+            else ""
+        )
+    ]
 
 
 def _steps_note(r: dict) -> str:
@@ -439,6 +467,43 @@ def _section_quality(r: dict, doc: str, plots: dict) -> list[str]:
             ]
         if "loss" in plots:
             out += [f"![loss curves]({_rel(plots['loss'], doc)})", ""]
+    out += _realtext_section(tr, doc, plots)
+    return out
+
+
+def _realtext_section(tr: dict, doc: str, plots: dict) -> list[str]:
+    rt = tr.get("realtext")
+    if not rt:
+        return []
+    x = rt["readability"]
+    out = [
+        f"**Real text** (`pipeline.bench.realtext`): the same model on the Python "
+        f"{rt['corpus']['python']} standard library split into functions "
+        f"({rt['corpus']['samples']:,} samples, byte tokens, max length {rt['max_length']}, "
+        f"token budget {rt['token_budget']:,}), {rt['num_buckets']} optimal buckets, "
+        f"{rt['steps']} steps logged every step.",
+        "",
+    ]
+    out += _table(
+        ["run", "steps", "var Δ loss", "var Δ debiased", "debiased / raw"],
+        [
+            [
+                f"real text ({rt['num_buckets']} buckets)",
+                f"{x['steps']} (first {x['skipped']} left out)",
+                f"{x['diff_var_raw']:.5f}",
+                f"{x['diff_var_debiased']:.5f}",
+                f"{x['ratio']:.2f}",
+            ]
+        ],
+    )
+    if "realtext_bucket_loss" in plots:
+        out += [
+            "Each bucket's points are its own step losses, drawn only at the steps that trained "
+            "it: the jumpy raw curve (grey) decomposes into per-bucket curves.",
+            "",
+            f"![per-bucket loss on real text]({_rel(plots['realtext_bucket_loss'], doc)})",
+            "",
+        ]
     return out
 
 

@@ -51,6 +51,7 @@ class SuiteOptions:
     train_max_length: int = 512
     train_repeats: int = 3
     train_token_budget_rounds: int = 1  # extra rounds under a token budget (0: skip)
+    realtext_steps: int = 300  # steps on the real-text corpus (pipeline.bench.realtext; 0: skip)
     delivery: bool = True
     delivery_samples: list[int] = field(default_factory=lambda: [100_000])
     delivery_repeats: int = 3
@@ -70,6 +71,7 @@ class SuiteOptions:
             train_max_length=128,
             train_repeats=1,
             train_token_budget_rounds=0,
+            realtext_steps=40,
             delivery_samples=[5_000],
             delivery_repeats=1,
             quick=True,
@@ -284,6 +286,16 @@ def run_suite(
             log("section 2: training under each policy")
             results["training"] = section_training(opts, log)
             save(results)
+            if opts.realtext_steps:
+                from pipeline.bench.realtext import measure_realtext
+
+                log("section 2: real text (the stdlib corpus), readability and per-bucket loss")
+                work = Path(opts.work_dir) / "realtext"
+                max_length = opts.train_max_length
+                results["training"]["realtext"] = measure_realtext(
+                    work, max_length=max_length, max_steps=opts.realtext_steps, log=log
+                )
+                save(results)
         else:
             results["training"] = {"skipped": "--skip-training"}
             meta["skipped"].append("section 2 (training) and the loss curves: --skip-training")

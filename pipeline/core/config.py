@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -86,7 +86,19 @@ class PlanConfig(_Section):
 
 class ModelConfig(_Section):
     name: str = Field(
-        "tiny_decoder", description="Model registry entry (pipeline.learn.model.MODELS)."
+        "tiny_decoder",
+        description="A registry entry (pipeline.learn.model.MODELS), `hf_causal_lm` (a Hugging "
+        "Face causal LM from model.hf_config) or `package.module:factory` (your own; see "
+        "pipeline/learn/factory.py for the forward signature).",
+    )
+    hf_config: str | dict[str, Any] | None = Field(
+        None,
+        description="For hf_causal_lm: a local config.json (or its directory) or an inline dict "
+        "with model_type; vocab_size defaults to model.vocab_size. Never downloaded.",
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Free-form keyword config handed to a `package.module:factory` model.",
     )
     vocab_size: PositiveInt = Field(
         512, description="Vocabulary size; token ids must be < vocab_size."
@@ -104,6 +116,13 @@ class ModelConfig(_Section):
                 f"model.n_heads={self.n_heads} must divide model.d_model={self.d_model}: "
                 "pick n_heads from the divisors of d_model"
             )
+        if self.name == "hf_causal_lm" and self.hf_config is None:
+            raise ValueError(
+                "model.name=hf_causal_lm needs model.hf_config: a local config.json path or an "
+                "inline dict with model_type"
+            )
+        if ":" in self.name and not all(self.name.partition(":")[::2]):
+            raise ValueError(f"model.name={self.name!r}: expected 'package.module:factory'")
         return self
 
 

@@ -54,8 +54,11 @@ class OnBadRows(StrEnum):
 
 
 class SyntheticConfig(_Section):
-    preset: Literal["seed902k"] = Field(
-        "seed902k", description="Length distribution (pipeline.core.synthetic.PRESETS)."
+    preset: Literal["seed902k", "pystdlib"] = Field(
+        "seed902k",
+        description="seed902k: the seed-calibrated synthetic lengths (pipeline.core.synthetic); "
+        "pystdlib: real text, this Python's standard library split into functions, byte tokens "
+        "(vocab 259; num_samples and seed are ignored), see pipeline/core/textcorpus.py.",
     )
     num_samples: PositiveInt = Field(20_000, description="Number of samples to generate.")
     shards: PositiveInt = Field(4, description="Number of parquet shards to write.")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from pipeline.core.config import RunConfig
 from pipeline.core.corpus import corpus_is_current, write_corpus
+from pipeline.core.textcorpus import TEXT_PRESETS, text_corpus_is_current, write_text_corpus
 
 __all__ = ["DataOptions", "data_options", "resolve_data_path", "top_edge"]
 
@@ -53,6 +54,13 @@ def resolve_data_path(cfg: RunConfig) -> str:
         return cfg.data.path
     syn = cfg.data.synthetic
     out = os.path.abspath(syn.out_dir)
+    if syn.preset in TEXT_PRESETS:  # real text: the interpreter's stdlib source, built once
+        if not text_corpus_is_current(out, preset=syn.preset, shards=syn.shards):
+            print(
+                f"bucketray: writing the {syn.preset} text corpus to {out} (first use)", flush=True
+            )
+            write_text_corpus(out, preset=syn.preset, shards=syn.shards)
+        return out
     params = dict(
         preset=syn.preset,
         num_samples=syn.num_samples,

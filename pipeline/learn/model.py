@@ -93,13 +93,11 @@ MODELS: dict[str, Callable[[ModelConfig, int], nn.Module]] = {
 
 
 def build_model(cfg: ModelConfig, max_positions: int) -> nn.Module:
-    """The registry entry `cfg.name`, built for sequences of up to `max_positions` tokens."""
-    if cfg.name not in MODELS:
-        raise ValueError(
-            f"model.name={cfg.name!r} is not a registered model; choose one of {sorted(MODELS)} "
-            "or add an entry to pipeline.learn.model.MODELS"
-        )
-    return MODELS[cfg.name](cfg, max_positions)
+    """The model `cfg.name` names (registry, hf_causal_lm or package.module:factory), built for
+    sequences of up to `max_positions` tokens; see pipeline.learn.factory."""
+    from pipeline.learn.factory import build_model as build
+
+    return build(cfg, max_positions)
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -293,9 +293,11 @@ def test_quick_benchmark_writes_document_json_and_plots(tmp_path):
         "headline.md",
         "loss.png",
         "padding.png",
+        "realtext_bucket_loss.png",
         "recomposition.png",
         "training.png",
     ]
+    assert "**Real text**" in doc and results["training"]["realtext"]["steps"] > 0
     # Re-rendering from the JSON measures nothing and gives the same document.
     assert main([*argv, "--from-json", str(js)]) == 0
     assert out.read_text() == doc

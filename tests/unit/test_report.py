@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from jobs.plan_buckets import main
 from pipeline.core import epochs
 from pipeline.core.buckets import optimize_all
-from pipeline.core.config import TEAM_EDGES, FixedBatching, TokenBudgetBatching
+from pipeline.core.config import TEAM_EDGES, FixedBatching, TokenBudgetBatching, load_config
 from pipeline.core.metrics import truncation_counts
 from pipeline.core.plan import epoch_plan
 from pipeline.core.report import (
@@ -456,7 +456,8 @@ def test_cli_data_without_a_config_checks_no_vocabulary(tmp_path, capsys, monkey
     rc, _, err = _run(["--data", tmp_path, "--vocab-size", 1000, "--batch-size", 8], capsys)
     assert rc == 2 and seen["vocab_size"] == 1000 and "outside the vocabulary" in err
     rc, _, err = _run(["--data", tmp_path, "--config", ROOT / "configs/local.yaml"], capsys)
-    assert rc == 2 and seen["vocab_size"] == 512
+    local = load_config(ROOT / "configs/local.yaml")
+    assert rc == 2 and seen["vocab_size"] == local.model.vocab_size
 
 
 def test_cli_data_read_failure_is_not_an_output_error(tmp_path, capsys, monkeypatch):

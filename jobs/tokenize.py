@@ -1,0 +1,65 @@
+"""Tokenize your own text into bucketray's parquet shards with a local tokenizer.json.
+
+    python -m jobs.tokenize --input DIR_OR_URI --tokenizer tokenizer.json --out DIR
+
+Reads .jsonl/.json/.parquet/.txt files (the text field: --text-column), writes shard-*.parquet
+(sample_id, input_ids) under --out, prints a summary (samples, tokens, length percentiles,
+empty and undecodable documents) and optionally the length histogram (--png). Runs on the Ray
+cluster named by RAY_ADDRESS, or on local Ray. See pipeline/data/tokenize.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from pipeline.data.tokenize import TokenizeError, tokenize_dataset
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m jobs.tokenize", description=__doc__.split("\n")[0])
+    p.add_argument("--input", required=True, help="directory, file or URI (s3://...) of text files")
+    p.add_argument("--tokenizer", required=True, help="local tokenizer.json (Hugging Face format)")
+    p.add_argument("--out", required=True, help="output directory or URI (empty, or ours)")
+    p.add_argument(
+        "--text-column", default="text", help="JSON field / parquet column with the text"
+    )
+    p.add_argument(
+        "--no-special-tokens",
+        action="store_true",
+        help="do not add the tokenizer's special tokens (BOS/EOS from its post-processor)",
+    )
+    p.add_argument("--png", help="write the length histogram to this PNG")
+    a = p.parse_args(argv)
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=os.environ.get("RAY_ADDRESS") or None, log_to_driver=False)
+    try:
+        summary = tokenize_dataset(
+            a.input,
+            a.tokenizer,
+            a.out,
+            text_column=a.text_column,
+            add_special_tokens=not a.no_special_tokens,
+            png=a.png,
+        )
+    except TokenizeError as e:
+        p.exit(2, f"tokenize: {e}\n")
+    finally:
+        if started:
+            ray.shutdown()
+    print(json.dumps(summary))
+    print(f"tokenize: set model.vocab_size: {summary['vocab_size']} and data.path: {a.out}")
+    if summary["empty"] or summary["undecodable"]:
+        print(
+            f"tokenize: skipped {summary['empty']} empty and {summary['undecodable']} undecodable "
+            f"documents, e.g. {summary['problems'][:3]} (counts complete; the first ones are listed in {a.out}/_bucketray_tokenize.json)"
+        )
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,297 @@
+"""Tokenize your own text into the parquet shards bucketray trains on (`python -m jobs.tokenize`).
+
+Input: a directory or URI holding `.jsonl` / `.json` (one JSON object per line), `.parquet` and
+`.txt` files, listed recursively in sorted order (names starting with `_` or `.` are skipped).
+A document is one JSON line or one parquet row (the `text_column` field), or one whole `.txt`
+file. Tokenizer: a local `tokenizer.json` (Hugging Face `tokenizers` format), loaded in each map
+actor's constructor; nothing is downloaded.
+
+Ray Data does the work: a dataset of the input files, `map_batches` with an actor pool (one
+file per call), so a cluster tokenizes in parallel and one machine uses its cores. Each input
+file becomes one output shard `shard-<ordinal>.parquet` with `sample_id` (int64) and
+`input_ids` (list<int32>). The sample id is a hash of (file path relative to the input, row),
+so re-tokenizing the same input gives the same ids, whatever else was added to the directory.
+
+Empty documents (no text, or no token) and undecodable ones (bad JSON or UTF-8, a missing or
+non-string text field) are not written, and are counted and listed (file, row, reason) in the
+summary -- never silently dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import PurePosixPath
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from pipeline.core.textcorpus import stable_id
+from pipeline.data.index import filesystem_for
+
+__all__ = ["MARKER", "SUFFIXES", "TokenizeError", "list_inputs", "tokenize_dataset"]
+
+MARKER = "_bucketray_tokenize.json"
+SUFFIXES = (".jsonl", ".json", ".parquet", ".txt")
+MAX_EXAMPLES = 20  # problem rows listed in the summary (all are counted)
+
+
+class TokenizeError(ValueError):
+    """A user mistake: the message names the file or option and the fix."""
+
+
+def list_inputs(fs: pafs.FileSystem, root: str) -> list[str]:
+    """Input files under `root` (relative posix paths, sorted)."""
+    info = fs.get_file_info(root)
+    if info.type == pafs.FileType.File:
+        return [PurePosixPath(root).name]
+    if info.type != pafs.FileType.Directory:
+        raise TokenizeError(f"input {root} does not exist")
+    out = []
+    for fi in fs.get_file_info(pafs.FileSelector(root, recursive=True)):
+        rel = PurePosixPath(fi.path).relative_to(PurePosixPath(root)).as_posix()
+        hidden = any(p.startswith(("_", ".")) for p in rel.split("/"))
+        if fi.type == pafs.FileType.File and not hidden and rel.endswith(SUFFIXES):
+            out.append(rel)
+    return sorted(out)
+
+
+def _documents(data: bytes, rel: str, column: str) -> tuple[list[int], list[str], list[tuple]]:
+    """(rows, texts, problems) of one file; a problem is (row, kind, reason)."""
+    rows, texts, problems = [], [], []
+    if rel.endswith(".txt"):
+        try:
+            return [0], [data.decode("utf-8")], []
+        except UnicodeDecodeError as e:
+            return [], [], [(0, "undecodable", f"not UTF-8 ({e.reason} at byte {e.start})")]
+    if rel.endswith(".parquet"):
+        t = pq.read_table(pa.BufferReader(data))
+        if column not in t.column_names:
+            raise TokenizeError(
+                f"{rel}: no column {column!r} (columns: {t.column_names}); "
+                "set --text-column to the column holding the text"
+            )
+        values = t[column].to_pylist()
+    else:
+        lines = data.split(b"\n")
+        if not lines[-1].strip():
+            lines.pop()  # the newline that ends the last line starts no document
+        values = []
+        for line in lines:
+            try:
+                obj = json.loads(line) if line.strip() else None
+                values.append(obj.get(column, KeyError) if isinstance(obj, dict) else obj)
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                values.append(e)
+    for row, v in enumerate(values):
+        if isinstance(v, str):
+            rows.append(row)
+            texts.append(v)
+        elif v is None:
+            problems.append((row, "empty", "blank line or null text"))
+        elif v is KeyError:
+            problems.append((row, "undecodable", f"no field {column!r}"))
+        elif isinstance(v, Exception):
+            problems.append((row, "undecodable", f"{type(v).__name__}: {v}"))
+        else:
+            problems.append((row, "undecodable", f"{column!r} is {type(v).__name__}, not text"))
+    return rows, texts, problems
+
+
+class TokenizeFiles:
+    """Ray Data map_batches actor: tokenizes whole input files, writes one shard per file."""
+
+    def __init__(self, tokenizer: str, src: str, out: str, column: str, special: bool):
+        from tokenizers import Tokenizer
+
+        self.tok = Tokenizer.from_file(tokenizer)
+        self.src, self.out = src, out
+        self.column, self.special = column, special
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        ordinals, rels = batch["ordinal"].to_pylist(), batch["rel"].to_pylist()
+        results = [self._one(i, rel) for i, rel in zip(ordinals, rels, strict=True)]
+        return pa.table(
+            {
+                "file": [r["file"] for r in results],
+                "lengths": pa.array([r["lengths"] for r in results], pa.list_(pa.int64())),
+                "empty": pa.array([r["empty"] for r in results], pa.int64()),
+                "undecodable": pa.array([r["undecodable"] for r in results], pa.int64()),
+                "problems": [r.get("problems", "[]") for r in results],
+                "error": [r["error"] for r in results],
+            }
+        )
+
+    def _one(self, ordinal: int, rel: str) -> dict:
+        fs, src = filesystem_for(self.src)
+        path = src if fs.get_file_info(src).type == pafs.FileType.File else f"{src}/{rel}"
+        try:
+            with fs.open_input_file(path) as f:
+                rows, texts, problems = _documents(f.read(), rel, self.column)
+        except TokenizeError as e:  # a user mistake: reported by the driver in one line
+            return {"file": rel, "lengths": [], "empty": 0, "undecodable": 0, "error": str(e)}
+        encs = self.tok.encode_batch(texts, add_special_tokens=self.special) if texts else []
+        ids = [np.asarray(e.ids, dtype=np.int32) for e in encs]
+        lengths = np.fromiter((a.size for a in ids), dtype=np.int64, count=len(ids))
+        problems += [(rows[i], "empty", "no tokens") for i in np.flatnonzero(lengths == 0)]
+        keep = np.flatnonzero(lengths > 0)
+        if keep.size:
+            offsets = np.concatenate([[0], np.cumsum(lengths[keep])]).astype(np.int32)
+            values = np.concatenate([ids[i] for i in keep])
+            table = pa.table(
+                {
+                    "sample_id": pa.array([stable_id(rel, rows[i]) for i in keep], pa.int64()),
+                    "input_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(values)),
+                }
+            )
+            ofs, out = filesystem_for(self.out)
+            with ofs.open_output_stream(f"{out}/shard-{ordinal:05d}.parquet") as f:
+                pq.write_table(table, f)
+        problems.sort()
+        return {
+            "file": rel,
+            "lengths": lengths[keep].tolist(),
+            "empty": sum(p[1] == "empty" for p in problems),
+            "undecodable": sum(p[1] == "undecodable" for p in problems),
+            "problems": json.dumps([[rel, *p] for p in problems[:MAX_EXAMPLES]]),
+            "error": "",
+        }
+
+
+def _prepare_out(out: str) -> None:
+    fs, path = filesystem_for(out)
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.Directory:
+        mine = fs.get_file_info(f"{path}/{MARKER}").type == pafs.FileType.File
+        entries = fs.get_file_info(pafs.FileSelector(path))
+        foreign = [e for e in entries if not PurePosixPath(e.path).name.startswith(("_", "."))]
+        if foreign and not mine:
+            raise TokenizeError(
+                f"output {out} already holds files not written by jobs.tokenize "
+                f"({PurePosixPath(foreign[0].path).name}, ...): choose an empty --out directory"
+            )
+        for e in entries:
+            if PurePosixPath(e.path).name.startswith(("shard-", MARKER)) and mine:
+                fs.delete_file(e.path)
+    fs.create_dir(path, recursive=True)
+    with fs.open_output_stream(f"{path}/{MARKER}") as f:  # ours, not complete until the summary
+        f.write(json.dumps({"complete": False}).encode())
+
+
+def _summary(rows: list[dict], n_files: int, seconds: float) -> dict:
+    parts = [np.asarray(r["lengths"], dtype=np.int64) for r in rows]
+    lengths = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    pct = np.percentile(lengths, [50, 90, 99]) if lengths.size else [0, 0, 0]
+    problems = [p for r in rows for p in json.loads(r["problems"])]
+    return {
+        "files": n_files,
+        "samples": int(lengths.size),
+        "tokens": int(lengths.sum()),
+        "length_min": int(lengths.min()) if lengths.size else 0,
+        "length_p50": float(pct[0]),
+        "length_p90": float(pct[1]),
+        "length_p99": float(pct[2]),
+        "length_max": int(lengths.max()) if lengths.size else 0,
+        "empty": int(sum(r["empty"] for r in rows)),
+        "undecodable": int(sum(r["undecodable"] for r in rows)),
+        "problems": sorted(problems)[:MAX_EXAMPLES],
+        "seconds": round(seconds, 2),
+    }, lengths
+
+
+def tokenize_dataset(
+    src: str,
+    tokenizer: str,
+    out: str,
+    *,
+    text_column: str = "text",
+    add_special_tokens: bool = True,
+    png: str | None = None,
+    progress: bool = True,
+) -> dict:
+    """Tokenize every input file under `src` into shards under `out`; returns the summary."""
+    import ray
+
+    t0 = time.perf_counter()
+    try:
+        from tokenizers import Tokenizer
+
+        vocab = Tokenizer.from_file(str(tokenizer)).get_vocab_size(with_added_tokens=True)
+    except ImportError:
+        raise TokenizeError(
+            "jobs.tokenize needs `tokenizers`: pip install 'bucketray[hf]'"
+        ) from None
+    except Exception as e:
+        raise TokenizeError(f"cannot load tokenizer {tokenizer}: {e}") from None
+    # Absolute on the driver: the map actors may run in another working directory or node.
+    src, out, tokenizer = (p if "://" in p else os.path.abspath(p) for p in (src, out, tokenizer))
+    fs, root = filesystem_for(src)
+    files = list_inputs(fs, root)
+    if not files:
+        raise TokenizeError(f"no {'/'.join(SUFFIXES)} files under {src}")
+    _prepare_out(out)
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    ds = ray.data.from_items([{"ordinal": i, "rel": r} for i, r in enumerate(files)])
+    ds = ds.map_batches(
+        TokenizeFiles,
+        fn_constructor_kwargs=dict(
+            tokenizer=str(tokenizer),
+            src=src,
+            out=out,
+            column=text_column,
+            special=add_special_tokens,
+        ),
+        batch_size=1,
+        batch_format="pyarrow",
+        concurrency=(1, min(cpus, len(files))),
+        num_cpus=1,
+    )
+    rows, n, tokens = [], 0, 0
+    for r in ds.iter_rows():
+        rows.append(r)
+        n, tokens = n + len(r["lengths"]), tokens + int(np.sum(r["lengths"]))
+        if progress:
+            dt = time.perf_counter() - t0
+            print(
+                f"\rtokenize: {len(rows)}/{len(files)} files  {n:,} samples  {tokens:,} tokens  "
+                f"{tokens / max(dt, 1e-9) / 1e3:,.0f} Ktok/s",
+                end="" if len(rows) < len(files) else "\n",
+                file=sys.stderr,
+                flush=True,
+            )
+    errors = sorted(r["error"] for r in rows if r["error"])
+    if errors:
+        more = f" (and {len(errors) - 1} more files)" if len(errors) > 1 else ""
+        raise TokenizeError(errors[0] + more)
+    summary, lengths = _summary(rows, len(files), time.perf_counter() - t0)
+    if summary["samples"] == 0:
+        raise TokenizeError(f"no document under {src} produced a token (see {summary['problems']})")
+    ofs, opath = filesystem_for(out)
+    with ofs.open_output_stream(f"{opath}/{MARKER}") as f:
+        meta = {**summary, "complete": True, "vocab_size": vocab, "tokenizer": str(tokenizer)}
+        meta["input"] = src
+        f.write(json.dumps(meta).encode())
+    if png:
+        _histogram(lengths, png)
+    return {**summary, "vocab_size": vocab, "out": out}
+
+
+def _histogram(lengths: np.ndarray, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.hist(lengths, bins=min(100, max(10, lengths.size // 20)), color="#4c72b0")
+    ax.set_xlabel("tokens per sample")
+    ax.set_ylabel("samples")
+    p50, p99 = np.percentile(lengths, [50, 99])
+    ax.set_title(f"{lengths.size:,} samples, median {p50:.0f}, p99 {p99:.0f} tokens")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,152 @@
+"""Which model to train: the built-in registry, a Hugging Face causal LM, or your own factory.
+
+`model.name` picks one of three kinds:
+
+- a registry entry (`pipeline.learn.model.MODELS`, e.g. `tiny_decoder`);
+- `hf_causal_lm`: a `transformers` causal LM built with `AutoModelForCausalLM.from_config` from
+  `model.hf_config` -- a local `config.json` (or a directory holding one) or an inline dict with
+  a `model_type` (e.g. `llama`). Never a hub name: nothing is downloaded. Needs the optional
+  extra `bucketray[hf]`. `vocab_size` defaults to `model.vocab_size` and must equal it;
+- `package.module:factory`: any importable callable. It is called as `factory(config)` with
+  `config = {**model.options, "vocab_size": model.vocab_size, "max_positions": N}` (N: the top
+  bucket edge, the longest sequence it will see) and must return an `nn.Module`.
+
+THE FORWARD SIGNATURE (the one place it is defined). Every model is called as
+
+    logits = model(input_ids, attention_mask, position_ids)
+
+with three int64 tensors [B, L] as the collate writes them: token ids (padding on the right),
+1 for real tokens and 0 for padding, and positions 0..n-1 within each sample (0 on padding). It
+returns float logits [B, L, vocab_size] (or an object with a `.logits` attribute, as Hugging
+Face models do; the adapter below unwraps it). The model computes no loss: the training loop
+applies bucketray's token-normalised loss (pipeline.learn.loss) to the logits, so the loss of a
+step is the mean over every supervised token of the global step, whatever the model.
+
+Checkpoints store `model.state_dict()` and load with `torch.load(weights_only=True)`, so any
+model whose state is tensors resumes exactly.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from pipeline.core.config import ModelConfig
+
+__all__ = ["HF_CAUSAL_LM", "HFCausalLM", "build_model", "hf_config_dict", "load_factory"]
+
+HF_CAUSAL_LM = "hf_causal_lm"
+
+
+class HFCausalLM(nn.Module):
+    """A `transformers` causal LM behind the forward signature above; `.hf` is the HF model."""
+
+    def __init__(self, hf_model: nn.Module):
+        super().__init__()
+        self.hf = hf_model
+
+    def forward(self, input_ids, attention_mask, position_ids):
+        out = self.hf(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+        )
+        return out.logits
+
+
+def hf_config_dict(spec: str | dict | None) -> dict:
+    """`model.hf_config` as a dict: an inline dict, or a local config.json (file or directory)."""
+    if spec is None:
+        raise ValueError(
+            "model.name=hf_causal_lm needs model.hf_config: a local config.json path or an "
+            "inline dict with model_type, e.g. {model_type: llama, hidden_size: 64, ...}"
+        )
+    if isinstance(spec, dict):
+        return dict(spec)
+    p = Path(spec).expanduser()
+    if p.is_dir():
+        p = p / "config.json"
+    if not p.is_file():
+        raise ValueError(
+            f"model.hf_config={spec!r}: no such local file; give a config.json path or a "
+            "directory holding one (hub names are not downloaded)"
+        )
+    try:
+        return json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"model.hf_config: {p} is not valid JSON ({e})") from None
+
+
+def _build_hf(cfg: ModelConfig, max_positions: int) -> nn.Module:
+    try:
+        from transformers import AutoConfig, AutoModelForCausalLM
+    except ImportError:
+        raise ImportError(
+            "model.name=hf_causal_lm needs Hugging Face transformers: pip install 'bucketray[hf]'"
+        ) from None
+    d = hf_config_dict(cfg.hf_config)
+    model_type = d.pop("model_type", None)
+    if not model_type:
+        raise ValueError("model.hf_config needs a model_type (e.g. llama, gpt2, qwen2)")
+    d.setdefault("vocab_size", cfg.vocab_size)
+    if d["vocab_size"] != cfg.vocab_size:
+        raise ValueError(
+            f"model.hf_config vocab_size={d['vocab_size']} differs from model.vocab_size="
+            f"{cfg.vocab_size}: set both to the tokenizer's vocabulary size"
+        )
+    hf_cfg = AutoConfig.for_model(model_type, **d)
+    limit = getattr(hf_cfg, "max_position_embeddings", None)
+    if limit is not None and limit < max_positions:
+        raise ValueError(
+            f"model.hf_config max_position_embeddings={limit} is below the top bucket edge "
+            f"{max_positions}: raise it or lower data.max_length"
+        )
+    return HFCausalLM(AutoModelForCausalLM.from_config(hf_cfg))
+
+
+def load_factory(spec: str):
+    """The callable named by 'package.module:attr' (one clear error when it cannot be found)."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"model.name={spec!r}: expected 'package.module:factory'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(
+            f"model.name={spec!r}: cannot import {module_name} ({e}); it must be importable "
+            "on every worker (installed, or on PYTHONPATH / the job's working_dir)"
+        ) from None
+    obj: Any = module
+    for part in attr.split("."):
+        obj = getattr(obj, part, None)
+    if not callable(obj):
+        raise ValueError(f"model.name={spec!r}: {module_name} has no callable {attr}")
+    return obj
+
+
+def build_model(cfg: ModelConfig, max_positions: int) -> nn.Module:
+    """The model `cfg.name` names, for sequences of up to `max_positions` tokens."""
+    from pipeline.learn.model import MODELS
+
+    if cfg.name in MODELS:
+        return MODELS[cfg.name](cfg, max_positions)
+    if cfg.name == HF_CAUSAL_LM:
+        return _build_hf(cfg, max_positions)
+    if ":" in cfg.name:
+        config = {**cfg.options, "vocab_size": cfg.vocab_size, "max_positions": max_positions}
+        model = load_factory(cfg.name)(config)
+        if not isinstance(model, nn.Module):
+            raise TypeError(
+                f"model.name={cfg.name!r} returned {type(model).__name__}, not a torch nn.Module"
+            )
+        return model
+    raise ValueError(
+        f"model.name={cfg.name!r} is not a registered model; choose one of {sorted(MODELS)}, "
+        f"{HF_CAUSAL_LM!r} (with model.hf_config), 'package.module:factory', "
+        "or add an entry to pipeline.learn.model.MODELS"
+    )

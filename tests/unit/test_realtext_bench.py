@@ -1,0 +1,59 @@
+"""The real-text benchmark's pieces: per-bucket curves at each bucket's own steps, the PNG, and
+the rendered readability verdict (figures come from the results, nothing hard-coded)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline.bench import render
+from pipeline.bench.quality import loss_readability
+from pipeline.bench.realtext import bucket_curves, plot_bucket_curves
+
+
+def _fake_result(n: int = 60) -> dict:
+    rng = np.random.default_rng(0)
+    buckets = rng.integers(0, 4, n)
+    trend = np.linspace(5.0, 3.0, n)
+    loss = trend + 0.4 * buckets + rng.normal(0, 0.01, n)  # each bucket: its own offset
+    debiased = trend + rng.normal(0, 0.01, n)
+    curves = {
+        "loss": [(i + 1, float(v)) for i, v in enumerate(loss)],
+        "loss_debiased": [(i + 1, float(v)) for i, v in enumerate(debiased)],
+        "bucket": [int(b) for b in buckets],
+    }
+    per = bucket_curves(curves)
+    return {
+        "corpus": {"python": "3.11.7", "samples": 18237, "tokens": 1, "vocab_size": 259},
+        "max_length": 512,
+        "token_budget": 8192,
+        "steps": n,
+        "num_buckets": 4,
+        "readability": loss_readability(curves, skip=n // 4),
+        "bucket_mean_loss_span": [3.1, 4.3],
+        "bucket_loss_corr": 0.97,
+        "curves": {**curves, "per_bucket": {str(k): v for k, v in per.items()}},
+    }
+
+
+def test_bucket_curves_keep_each_bucket_at_its_own_steps():
+    curves = {"loss": [(1, 5.0), (2, 3.0), (3, 4.9), (4, 2.9)], "bucket": [1, 0, 1, 0]}
+    assert bucket_curves(curves) == {0: [(2, 3.0), (4, 2.9)], 1: [(1, 5.0), (3, 4.9)]}
+
+
+def test_offsets_make_the_raw_curve_jumpy_and_the_plot_is_written(tmp_path):
+    r = _fake_result()
+    assert r["readability"]["ratio"] < 0.5  # constructed offsets: debiasing removes the jumps
+    path = plot_bucket_curves(r, tmp_path / "rt.png")
+    assert (tmp_path / "rt.png").stat().st_size > 5000 and path.endswith("rt.png")
+
+
+def test_the_headline_states_the_real_and_the_synthetic_ratio():
+    r = _fake_result()
+    syn = {"ratio": 1.7}
+    results = {"training": {"realtext": r, "readability": {"optimal:auto": syn}}}
+    line = " ".join(render._realtext_verdict(results))
+    assert f"{r['readability']['ratio']:.2f} on the Python 3.11.7" in line
+    assert "**met**" in line and "1.70 on the synthetic corpus" in line
+    body = "\n".join(render._realtext_section(results["training"], "B.md", {}))
+    assert "18,237 samples" in body and f"{r['readability']['ratio']:.2f} |" in body
+    assert render._realtext_verdict({"training": {}}) == []
