@@ -33,8 +33,10 @@ from pipeline.core.collate import IGNORE_INDEX
 from pipeline.core.config import ConfigError, RunConfig
 from pipeline.core.epochs import resolve_edges
 from pipeline.core.plan import steps_per_epoch
-from pipeline.data.feed import MicroBatch, rank_batches, start_feeder, stop_feeder
+from pipeline.data.feeder import start_feeder, stop_feeder
 from pipeline.data.index import build_length_index, resolve_data_path
+from pipeline.data.rechunk import MicroBatch
+from pipeline.data.stream import rank_batches
 
 __all__ = [
     "Delivery",

@@ -66,6 +66,9 @@ class LengthIndex:
     rg_footers: tuple = ()  # per file: footer fingerprint of each row group; () if unusable
     rg_digests: tuple = ()  # per file: digest of each row group's input_ids (scan.py)
     io_retries: int = 0  # transient storage errors retried while building this index
+    # Aligned with `lengths`, before the cut at `truncate_to` (None when nothing is truncated):
+    # what over_length=truncate removes is counted from these.
+    untruncated_lengths: np.ndarray | None = None
 
     @property
     def num_samples(self) -> int:
@@ -107,7 +110,7 @@ def build_length_index(cfg: RunConfig, path: str | None = None) -> LengthIndex:
     check_duplicate_content(table, files)
     v = validate(table, files, opts, default_q=cache_dir.rstrip("/") + "/quarantine.parquet")
     order = np.argsort(v.sample_ids[v.keep], kind="stable")
-    lengths = v.lengths[v.keep][order]
+    lengths = raw_lengths = v.lengths[v.keep][order]
     if opts.truncate:
         lengths = np.minimum(lengths, opts.top).astype(np.int32)
     return LengthIndex(
@@ -128,6 +131,7 @@ def build_length_index(cfg: RunConfig, path: str | None = None) -> LengthIndex:
         rg_footers=tuple(tuple(f) if f is not None else () for f in footers),
         rg_digests=tuple(tuple(d) for d in table["rg_digest"].to_pylist()),
         io_retries=retries,
+        untruncated_lengths=raw_lengths if opts.truncate else None,
     )
 
 

@@ -41,7 +41,7 @@ from pipeline.train.preflight import (
     preflight,
     resolve_address,
 )
-from pipeline.train.resume_check import check_resume_on_driver, truncation_note
+from pipeline.train.resume_check import check_resume_on_driver, truncation_metrics, truncation_note
 from pipeline.train.runlock import RunLease
 from pipeline.train.stop import create_stop_flag, request_stop, stop_flag_name
 
@@ -210,7 +210,10 @@ def _plan_epochs(cfg: RunConfig, index, edges: list[int], num_epochs: int) -> li
         epochs.append(
             {
                 "hash": plan.content_hash,
-                "metrics": epoch_metrics(plan, edges, cfg.batching.pad_to_multiple_of),
+                "metrics": {
+                    **epoch_metrics(plan, edges, cfg.batching.pad_to_multiple_of),
+                    **truncation_metrics(index),
+                },
             }
         )
     return epochs

@@ -14,8 +14,6 @@ import os
 import socket
 from collections.abc import Mapping
 
-import numpy as np
-
 from pipeline.core.config import ConfigError, RunConfig
 
 __all__ = [
@@ -27,7 +25,6 @@ __all__ = [
     "in_submitted_job",
     "preflight",
     "resolve_address",
-    "truncation_summary",
 ]
 
 # The job supervisor sets this in the environment of a `ray job submit` entrypoint (RAY_JOB_ID
@@ -160,12 +157,3 @@ def preflight(cluster: Mapping[str, float], cfg: RunConfig, *, autoscaling: bool
 
 
 # --------------------------------------------------------------------------- truncation
-
-
-def truncation_summary(lengths: np.ndarray, top: int) -> tuple[int, float]:
-    """(samples longer than `top`, share of all tokens beyond `top`) for untruncated lengths."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    total = int(lengths.sum())
-    over = lengths > top
-    cut = int((lengths[over] - top).sum())
-    return int(over.sum()), (cut / total if total else 0.0)

@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow.fs as pafs
 
 from pipeline.core.config import RunConfig
+from pipeline.core.metrics import truncation_counts
 from pipeline.learn.checkpoint import (
     STATE_FILE,
     DataPosition,
@@ -21,9 +22,8 @@ from pipeline.learn.checkpoint import (
     check_resume,
     global_batch_definition,
 )
-from pipeline.train.preflight import truncation_summary
 
-__all__ = ["check_resume_on_driver", "latest_position", "truncation_note"]
+__all__ = ["check_resume_on_driver", "latest_position", "truncation_metrics", "truncation_note"]
 
 
 def latest_position(fs: pafs.FileSystem, rdir: str) -> tuple[str, DataPosition] | None:
@@ -65,14 +65,31 @@ def check_resume_on_driver(
         raise ResumeError(f"{e} (checkpoint {path})") from None
 
 
+def truncation_metrics(index) -> dict[str, int]:
+    """`epoch/truncated_samples` and `epoch/truncated_tokens` under data.over_length=truncate
+    (the same every epoch: the cut depends on the data and the top edge only); {} otherwise."""
+    raw = getattr(index, "untruncated_lengths", None)
+    if index.truncate_to is None or raw is None:
+        return {}
+    c = truncation_counts(raw, index.truncate_to)
+    return {
+        "epoch/truncated_samples": c["truncated_samples"],
+        "epoch/truncated_tokens": c["truncated_tokens"],
+    }
+
+
 def truncation_note(index) -> str | None:
     """One line on what data.over_length=truncate cuts, None when nothing is truncated."""
     top = index.truncate_to
     if top is None:
         return None
     raw = getattr(index, "untruncated_lengths", None)
-    if raw is not None:
-        n, share = truncation_summary(raw, top)
-        return f"truncating {n:,} samples ({share:.2%} of tokens) to the top edge {top}"
-    n = int(np.count_nonzero(index.lengths >= top))
-    return f"data.over_length=truncate: {n:,} samples reach the top edge {top} (cut or exactly {top} long)"
+    if raw is None:  # an index without them (built by hand): count what reaches the edge
+        n = int(np.count_nonzero(index.lengths >= top))
+        return f"data.over_length=truncate: {n:,} samples reach the top edge {top} (cut or exactly {top} long)"
+    c = truncation_counts(raw, top)
+    share = c["truncated_tokens"] / c["tokens"] if c["tokens"] else 0.0
+    return (
+        f"truncating {c['truncated_samples']:,} samples at the top edge {top}: "
+        f"{c['truncated_tokens']:,} tokens cut ({share:.2%} of {c['tokens']:,})"
+    )

@@ -17,7 +17,6 @@ from pipeline.train.preflight import (
     check_stable_paths,
     preflight,
     resolve_address,
-    truncation_summary,
 )
 
 
@@ -121,12 +120,6 @@ def test_an_autoscaling_cluster_without_a_published_maximum_is_not_refused():
 # --------------------------------------------------------------------------- truncation
 
 
-def test_truncation_counts_samples_and_token_share_beyond_the_top_edge():
-    n, share = truncation_summary(np.array([10, 600, 512, 1000]), 512)
-    assert n == 2 and share == pytest.approx((88 + 488) / 2122)
-    assert truncation_summary(np.array([], dtype=np.int32), 512) == (0, 0.0)
-
-
 def test_run_start_line_on_truncation():
     from types import SimpleNamespace
 
@@ -143,4 +136,12 @@ def test_run_start_line_on_truncation():
     note = truncation_note(
         SimpleNamespace(truncate_to=512, lengths=clipped, untruncated_lengths=raw)
     )
-    assert note == "truncating 1 samples (6.19% of tokens) to the top edge 512"
+    assert note == "truncating 1 samples at the top edge 512: 88 tokens cut (6.19% of 1,422)"
+    from pipeline.train.resume_check import truncation_metrics
+
+    index = SimpleNamespace(truncate_to=512, lengths=clipped, untruncated_lengths=raw)
+    assert truncation_metrics(index) == {
+        "epoch/truncated_samples": 1,
+        "epoch/truncated_tokens": 88,
+    }
+    assert truncation_metrics(SimpleNamespace(truncate_to=None, untruncated_lengths=None)) == {}
