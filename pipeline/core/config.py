@@ -107,6 +107,12 @@ class BucketsConfig(_Section):
     max_buckets: Annotated[int, Field(ge=1, le=64)] = Field(
         64, description="Upper bound on K for `auto`, and on any K."
     )
+    max_recomposition_floor: Annotated[float, Field(ge=0, le=1)] | None = Field(
+        None,
+        description="`auto` only: the largest K whose batch-recomposition chance floor (share of "
+        "micro-batches expected to re-pair two samples of the last epoch; narrow buckets raise it) "
+        "stays at or below this bounds the search; null: no ceiling.",
+    )
 
     @field_validator("edges")
     @classmethod
@@ -138,9 +144,18 @@ class BatchingConfig(_Section):
         "depend on the world size (contract 8). Per-rank memory ~ token_budget / world_size.",
     )
     batch_size: PositiveInt = Field(32, description="Samples per GLOBAL step in `fixed` mode.")
-    round_to: NonNegativeInt = Field(
-        8,
-        description="Round a token-budget batch size down to a multiple of this (0 or 1: no rounding).",
+    fill: Literal["greedy", "fixed_per_bucket"] = Field(
+        "greedy",
+        description="token_budget mode: `greedy` cuts each bucket's shuffled samples into global "
+        "batches filled up to the budget (batch size x padded max length <= token_budget); "
+        "`fixed_per_bucket`: every batch of a bucket has token_budget // upper_edge samples "
+        "(the older rule, ~88% of the budget; reproduces its plans).",
+    )
+    round_to: NonNegativeInt | None = Field(
+        None,
+        description="Round a token-budget batch size down to a multiple of this (0 or 1: no rounding; "
+        "null: 8 for fill=fixed_per_bucket, none for fill=greedy). With greedy fill, a multiple of "
+        "the world size makes every rank's micro-batch <= token_budget / world_size exactly.",
     )
     pad_to_multiple_of: PositiveInt = Field(
         8,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -53,12 +54,16 @@ def build_scheduler(
     )
 
 
-def optimizer_steps(steps_per_epoch: int, cfg: TrainConfig) -> int:
+def optimizer_steps(steps_per_epoch: int | Sequence[int], cfg: TrainConfig) -> int:
     """Optimizer steps of the whole run: global steps grouped by train.grad_accum, a group never
-    spanning an epoch boundary, the run cut at train.max_steps global steps."""
-    total = steps_per_epoch * cfg.epochs
-    if cfg.max_steps is not None:
-        total = min(total, cfg.max_steps)
-    full_epochs, rest = divmod(total, steps_per_epoch)
-    per_epoch = -(-steps_per_epoch // cfg.grad_accum)
-    return full_epochs * per_epoch + -(-rest // cfg.grad_accum)
+    spanning an epoch boundary, the run cut at train.max_steps global steps. `steps_per_epoch`:
+    one count for every epoch, or each epoch's planned count (greedy fill varies by epoch)."""
+    if isinstance(steps_per_epoch, int):
+        steps_per_epoch = [steps_per_epoch] * cfg.epochs
+    left = cfg.max_steps if cfg.max_steps is not None else sum(steps_per_epoch)
+    updates = 0
+    for s in list(steps_per_epoch)[: cfg.epochs]:
+        take = min(s, left)
+        updates += -(-take // cfg.grad_accum)
+        left -= take
+    return updates

@@ -9,7 +9,6 @@ resumes: Ray Train hands the loop its latest checkpoint.
 
 from __future__ import annotations
 
-import math
 import os
 import time
 import uuid
@@ -20,7 +19,7 @@ import numpy as np
 
 from pipeline.core.config import ConfigError, RunConfig
 from pipeline.core.metrics import padding_efficiency
-from pipeline.core.plan import EpochPlan, steps_per_epoch
+from pipeline.core.plan import EpochPlan
 from pipeline.learn.checkpoint import SAVE_FAIL_ENV
 from pipeline.train.loop import (
     FAIL_AT_STEP_ENV,
@@ -141,22 +140,28 @@ def run(cfg: RunConfig) -> TrainSummary:
     path = resolve_data_path(cfg)
     index = build_length_index(cfg, path)
     edges = [int(e) for e in resolve_edges(cfg, index.lengths)]
-    S = steps_per_epoch(index.lengths, edges, cfg.batching)
-    if S == 0:
-        raise ConfigError(
-            f"no training steps: {len(index.lengths)} valid samples under buckets {edges} "
-            "(with batching.drop_remainder, every bucket may be smaller than one global batch)"
-        )
-    total = min(S * cfg.train.epochs, cfg.train.max_steps or S * cfg.train.epochs)
-    epochs = []
-    for e in range(math.ceil(total / S)):
+    # Every epoch the run reaches is planned here: with greedy fill, steps per epoch vary
+    # slightly between epochs, and the schedule, progress and resume use these planned totals.
+    epochs, steps, total = [], [], 0
+    for e in range(cfg.train.epochs):
+        if cfg.train.max_steps is not None and total >= cfg.train.max_steps:
+            break
         plan = epoch_plan_for(cfg, index, edges, e, world)
+        if plan.num_steps == 0:
+            raise ConfigError(
+                f"no training steps: {len(index.lengths)} valid samples under buckets {edges} "
+                "(with batching.drop_remainder, every bucket may be smaller than one global batch)"
+            )
         epochs.append(
             {
                 "hash": plan.content_hash,
                 "metrics": epoch_metrics(plan, edges, cfg.batching.pad_to_multiple_of),
             }
         )
+        steps.append(plan.num_steps)
+        total += plan.num_steps
+    total = min(total, cfg.train.max_steps or total)
+    S = f"{min(steps)}-{max(steps)}" if min(steps) != max(steps) else str(steps[0])
     print(
         f"[bucketray] {len(index.lengths):,} samples, edges {edges}, {S} steps/epoch, "
         f"{total} steps on {world} workers -> {run_dir(cfg)}",
@@ -170,7 +175,7 @@ def run(cfg: RunConfig) -> TrainSummary:
         cfg=cfg.model_dump(mode="json"),
         feeder=feeder_name,
         edges=edges,
-        steps_per_epoch=S,
+        steps_per_epoch=steps,
         epochs=epochs,
         wandb_dir=str(Path(wandb_dir).absolute()) if "://" not in wandb_dir else "wandb",
     )

@@ -70,7 +70,7 @@ class LoopInputs:
     cfg: dict  # RunConfig.model_dump(mode="json"); re-validated in the worker
     feeder: str  # name of the data layer's feeder actor
     edges: list[int]
-    steps_per_epoch: int
+    steps_per_epoch: list[int]  # planned global steps of each epoch the run reaches
     epochs: list[dict]  # per epoch: {"hash": plan hash, "metrics": {"epoch/...": ...}}
     wandb_dir: str
 
@@ -287,15 +287,15 @@ def train_loop(config: dict) -> None:
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device = ray.train.torch.get_device()
     use_bf16 = cfg.train.bf16 == "on" or (cfg.train.bf16 == "auto" and device.type == "cuda")
-    S = inp.steps_per_epoch
-    total_steps = min(S * cfg.train.epochs, cfg.train.max_steps or S * cfg.train.epochs)
+    planned = inp.steps_per_epoch
+    total_steps = min(sum(planned), cfg.train.max_steps or sum(planned))
     global_batch = global_batch_definition(cfg, inp.edges)
 
     # ---- model, optimizer, schedule (same init on every rank; DDP also broadcasts rank 0's)
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model, max_positions=inp.edges[-1]).to(device)
     optimizer = build_optimizer(model, cfg.train)
-    scheduler = build_scheduler(optimizer, cfg.train, optimizer_steps(S, cfg.train))
+    scheduler = build_scheduler(optimizer, cfg.train, optimizer_steps(planned, cfg.train))
     tracker = BucketLossTracker(len(inp.edges) - 1)
     position = DataPosition(0, 0, inp.epochs[0]["hash"], world, global_batch, 0)
     counters = {"updates": 0, "tokens": 0.0, "padded": 0.0, "samples": 0.0}
@@ -320,7 +320,7 @@ def train_loop(config: dict) -> None:
         scheduler.load_state_dict(state.scheduler)
         tracker.load_state_dict(state.tracker)
         counters, run_id = dict(state.counters), state.wandb_run_id
-        position = p.normalized(S)
+        position = p.normalized(planned[p.epoch] if p.epoch < len(planned) else 0)
         if state.rng is not None and p.world_size == world:
             set_rng_state(state.rng)
         else:
@@ -387,6 +387,7 @@ def train_loop(config: dict) -> None:
         if steps_done >= total_steps:
             break
         start = position.next_step if epoch == position.epoch else 0
+        S = planned[epoch]
         if start == 0:
             logger.log({"epoch/index": epoch, **inp.epochs[epoch]["metrics"]}, step=steps_done)
         batches = rank_batches(
