@@ -27,6 +27,7 @@ from pipeline.core.config import (
     load_config,
     parse_edges,
 )
+from pipeline.core.frontier import FrontierPoint, frontier_ks, plot_frontier
 from pipeline.core.report import build_report, plot_report, render_text
 from pipeline.core.synthetic import PRESETS, seed902k_lengths
 
@@ -90,7 +91,22 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--batch-size", type=int, help="fixed global batch size")
     b.add_argument("--token-budget", type=int, help="padded tokens per global step (default 65536)")
     p.add_argument(
-        "--round-to", type=int, default=8, help="round token-budget batches down to this"
+        "--round-to",
+        type=int,
+        default=None,
+        help="round token-budget batches down to this (default: 8 per bucket, none greedy)",
+    )
+    p.add_argument(
+        "--fill",
+        choices=["greedy", "fixed_per_bucket"],
+        default="greedy",
+        help="token budget: fill each batch to the budget (default) or budget // upper edge",
+    )
+    p.add_argument(
+        "--max-recomposition-floor",
+        type=float,
+        default=None,
+        help="auto: cap K where the recomposition chance floor exceeds this",
     )
     p.add_argument("--pad-to-multiple-of", type=int, default=8, help="pad batch max up to this")
     p.add_argument(
@@ -102,6 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epoch", type=int, default=0, help="epoch to plan")
     p.add_argument("--json", metavar="OUT", help="write the report as JSON")
     p.add_argument("--png", metavar="OUT", help="write the length histogram with edges")
+    p.add_argument(
+        "--frontier-png",
+        metavar="OUT",
+        help="write the K frontier: padding efficiency, steps and recomposition floor per K",
+    )
     p.add_argument("--dump-plan", metavar="OUT.parquet", help="write the epoch plan's rows")
     return p
 
@@ -201,12 +222,20 @@ def _check_top_edge(edges: list[int], lengths: np.ndarray, ids: np.ndarray | Non
 
 def _configs(args) -> tuple[BatchingConfig, PlanConfig]:
     """Validate the numeric flags through the run config's own sections."""
-    batching = {"pad_to_multiple_of": args.pad_to_multiple_of, "round_to": args.round_to}
+    batching = {
+        "pad_to_multiple_of": args.pad_to_multiple_of,
+        "round_to": args.round_to,
+        "fill": args.fill,
+    }
     if args.batch_size is not None:
         batching |= {"mode": "fixed", "batch_size": args.batch_size}
     else:
         batching |= {"mode": "token_budget", "token_budget": args.token_budget or 65_536}
-    buckets = {"target_efficiency": args.target_efficiency, "max_buckets": args.max_buckets}
+    buckets = {
+        "target_efficiency": args.target_efficiency,
+        "max_buckets": args.max_buckets,
+        "max_recomposition_floor": args.max_recomposition_floor,
+    }
     if args.num_buckets != "auto" and args.edges is None:
         buckets["num_buckets"] = args.num_buckets
     try:
@@ -215,7 +244,7 @@ def _configs(args) -> tuple[BatchingConfig, PlanConfig]:
     except ValidationError as err:
         e = err.errors()[0]
         msg = e["msg"].removeprefix("Value error, ")
-        for name in ("num_buckets", "max_buckets", "target_efficiency"):
+        for name in ("num_buckets", "max_buckets", "target_efficiency", "max_recomposition_floor"):
             msg = msg.replace(f"buckets.{name}", _flag(name))
         if not e["loc"]:  # a cross-field rule; its message already names the flags
             raise InputError(msg) from None
@@ -264,6 +293,8 @@ def run(args) -> int:
         epoch=args.epoch,
         plan=plan_cfg,
         sample_ids=ids,
+        max_floor=args.max_recomposition_floor,
+        frontier_ks=frontier_ks(args.max_buckets) if args.frontier_png else (),
         log=log,
     )
     report["source"] = source
@@ -278,6 +309,11 @@ def run(args) -> int:
         _parent(args.png)
         plot_report(report, lengths, args.png)
         log(f"wrote {args.png}")
+    if args.frontier_png:
+        _parent(args.frontier_png)
+        points = [FrontierPoint(**p) for p in report["frontier"]]
+        plot_frontier(points, args.frontier_png, chosen=report["chosen"]["num_buckets"])
+        log(f"wrote {args.frontier_png}")
     if args.dump_plan:
         import pyarrow as pa
         import pyarrow.parquet as pq
