@@ -111,9 +111,9 @@ def test_frontier_trades_efficiency_against_the_floor_and_auto_respects_the_ceil
     bat, cfg = BatchingConfig(token_budget=65_536), PlanConfig()
     pts = frontier(lengths, bat, cfg, 1, [1, 4, 16, 32])
     assert [p.k for p in pts] == [1, 4, 16, 32]
-    assert all(a.efficiency < b.efficiency for a, b in zip(pts, pts[1:]))
-    assert all(a.floor < b.floor for a, b in zip(pts, pts[1:]))
-    assert all(a.steps > b.steps for a, b in zip(pts, pts[1:]))
+    assert all(a.efficiency < b.efficiency for a, b in zip(pts[:-1], pts[1:], strict=True))
+    assert all(a.floor < b.floor for a, b in zip(pts[:-1], pts[1:], strict=True))
+    assert all(a.steps > b.steps for a, b in zip(pts[:-1], pts[1:], strict=True))
     free = auto_edges(lengths, bat, cfg, 0.95, 32, 1)
     ceiling = (pts[1].floor + pts[2].floor) / 2  # between K=4 and K=16
     with warnings.catch_warnings(record=True) as w:
