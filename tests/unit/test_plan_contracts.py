@@ -301,12 +301,7 @@ def test_plan_of_902k_samples_is_fast():
     for _ in range(3):  # best of 3: the machine is shared
         t = time.perf_counter()
         p = epoch_plan(
-            lengths,
-            TEAM_EDGES,
-            seed=0,
-            epoch=0,
-            world_size=8,
-            batching=BatchingConfig(fill="fixed_per_bucket"),
+            lengths, TEAM_EDGES, seed=0, epoch=0, world_size=8, batching=BatchingConfig()
         )
         p.sort_keys()
         times.append(time.perf_counter() - t)
