@@ -135,8 +135,8 @@ class BucketsConfig(_Section):
 class BatchingConfig(_Section):
     mode: Literal["token_budget", "fixed"] = Field(
         "token_budget",
-        description="`token_budget`: a bucket's global batch is token_budget // upper_edge samples; "
-        "`fixed`: every global batch has batch_size samples.",
+        description="`token_budget`: global batches hold at most token_budget padded tokens "
+        "(batching.fill says how they are cut); `fixed`: every global batch has batch_size samples.",
     )
     token_budget: PositiveInt = Field(
         65_536,

@@ -2,9 +2,11 @@
 
 Every policy is scored the same way: each rank's micro-batch is padded to its longest sample
 rounded up to `pad_to_multiple_of` (never beyond the bucket's upper edge for bucketed policies),
-and efficiency is real tokens / padded slots. Policies: `sorted` (all lengths sorted, fixed
-batches: the static upper bound), `random` (one permutation, fixed batches), `megabatch` (the
-`group_by_length` of HF transformers' LengthGroupedSampler), and bucketed ones (`edges:<name>`,
+and efficiency is real tokens / padded slots. Policies: `sorted` (all lengths sorted: the static
+upper bound; under a token budget with greedy fill, cut greedily to the budget like fairseq's
+`batch_by_size`, the reference for steps too), `random` (one permutation), `megabatch` (HF
+`group_by_length` per rank, `pipeline.core.peers`), `lhotse` (lhotse-style dynamic bucketing at
+max_duration = the budget; token budget only), and bucketed ones (`edges:<name>`,
 `optimal:K`) run through the real `epoch_plan`. `auto_search` reports the K that `num_buckets:
 auto` picks (`pipeline.core.epochs.auto_edges`). Pure numpy, no per-sample Python loops.
 """
