@@ -66,13 +66,13 @@ def _longest_fit(p: np.ndarray, budget: int, upper: int) -> np.ndarray:
     """For every position i of one bucket's padded lengths `p` (all <= upper and <= budget):
     the largest n with n * max(p[i:i+n]) <= budget, not running past the bucket's end.
 
-    Every start fits n0 = budget // upper samples, so the search starts there and lifts n by
+    Every start fits n0 = budget // max(p) samples, so the search starts there and lifts n by
     powers of two from a sparse table of range maxima; a sentinel block above the budget past
     the end stops any batch from leaving the bucket.
     """
     c = p.size
-    assert int(p.max()) <= upper <= budget, "padded lengths are capped at the bucket's upper edge"
-    n0 = budget // upper
+    assert int(p.max()) <= min(upper, budget), "padded lengths are capped at the upper edge"
+    n0 = budget // int(p.max())  # every start fits this many (the edge may exceed the budget)
     room = c - np.arange(c, dtype=np.int64)
     if n0 >= c:
         return room  # the whole rest of the bucket fits from every start
