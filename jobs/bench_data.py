@@ -4,22 +4,37 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
-from pipeline.bench.delivery import measure_delivery
+
+def positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} is not >= 1")
+    return n
 
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="python -m jobs.bench_data", description=__doc__)
-    p.add_argument("--num-samples", type=int, default=100_000, help="seed902k preset samples")
-    p.add_argument("--consumers", type=int, default=2, help="ranks (Ray tasks) consuming the epoch")
-    p.add_argument("--shards", type=int, default=8, help="parquet shards to write")
-    p.add_argument("--repeats", type=int, default=3, help="epochs measured (medians are reported)")
+    p.add_argument("--num-samples", type=positive_int, default=100_000, help="preset samples")
+    p.add_argument(
+        "--consumers", type=positive_int, default=2, help="ranks (Ray tasks) consuming the epoch"
+    )
+    p.add_argument("--shards", type=positive_int, default=8, help="parquet shards to write")
+    p.add_argument(
+        "--repeats", type=positive_int, default=3, help="epochs measured (medians are reported)"
+    )
     p.add_argument("--data-dir", default=None, help="corpus directory (default data/bench/...)")
     p.add_argument(
         "--address", default="local", help="Ray address: local (private cluster) or auto"
     )
     p.add_argument("--json-out", default=None, help="also write the result JSON here")
     a = p.parse_args(argv)
+    from pipeline.bench.delivery import measure_delivery  # after parsing: --help needs no Ray
+
     r = measure_delivery(
         a.num_samples,
         a.consumers,
@@ -35,9 +50,11 @@ def main(argv: list[str] | None = None) -> dict:
         )
         print(f"{k:<{width}}  {shown}")
     print(json.dumps(r))
-    if a.json_out:
-        with open(a.json_out, "w") as f:
+    if a.json_out:  # written beside, then moved into place
+        tmp = f"{a.json_out}.tmp"
+        with open(tmp, "w") as f:
             json.dump(r, f, indent=2)
+        os.replace(tmp, a.json_out)
     return r
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.core.config import BatchingConfig, ConfigError
+from pipeline.core.config import Batching, ConfigError
 
 __all__ = ["Cut", "effective_round_to", "padded_lengths", "greedy_sizes", "cut_global_batches"]
 
@@ -50,7 +50,7 @@ class Cut:
     dropped: int  # samples dropped by drop_remainder
 
 
-def effective_round_to(batching: BatchingConfig) -> int:
+def effective_round_to(batching: Batching) -> int:
     """`batching.round_to`, or its default for the fill (null: 8 per bucket, 1 greedy)."""
     r = batching.round_to
     return _DEFAULT_ROUND_TO[batching.fill] if r is None else int(r)
@@ -147,7 +147,7 @@ def _fixed_cut(counts: np.ndarray, g: np.ndarray, drop_remainder: bool) -> Cut:
 
 
 def cut_global_batches(
-    ordered_lengths: np.ndarray, counts: np.ndarray, edges, batching: BatchingConfig, g=None
+    ordered_lengths: np.ndarray, counts: np.ndarray, edges, batching: Batching, g=None
 ) -> Cut:
     """Global batches of each bucket from its samples in epoch order (`ordered_lengths`, bucket
     after bucket, counts[k] of bucket k). `g`: the per-bucket sizes for the fixed fills."""

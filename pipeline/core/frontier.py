@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from pipeline.core.buckets import EdgeTable, optimize_all
-from pipeline.core.config import BatchingConfig, PlanConfig
+from pipeline.core.config import Batching, PlanConfig
 from pipeline.core.metrics import padding_efficiency
 from pipeline.core.plan import EpochPlan, epoch_plan
 
@@ -53,7 +53,7 @@ def recomposition_floor(plan: EpochPlan) -> float:
 
 
 def plan_point(
-    lengths: np.ndarray, edges, batching: BatchingConfig, plan_cfg: PlanConfig, world_size: int
+    lengths: np.ndarray, edges, batching: Batching, plan_cfg: PlanConfig, world_size: int
 ) -> FrontierPoint:
     """Efficiency, steps and recomposition floor of epoch 0 planned with `edges`."""
     plan = epoch_plan(
@@ -79,7 +79,7 @@ def frontier_ks(max_k: int) -> list[int]:
 
 def frontier(
     lengths: np.ndarray,
-    batching: BatchingConfig,
+    batching: Batching,
     plan_cfg: PlanConfig,
     world_size: int,
     ks,

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from pipeline.core.config import TrainConfig
+from pipeline.core.runlength import run_length
 
 __all__ = ["build_optimizer", "build_scheduler", "lr_factor", "optimizer_steps"]
 
@@ -55,15 +56,6 @@ def build_scheduler(
 
 
 def optimizer_steps(steps_per_epoch: int | Sequence[int], cfg: TrainConfig) -> int:
-    """Optimizer steps of the whole run: global steps grouped by train.grad_accum, a group never
-    spanning an epoch boundary, the run cut at train.max_steps global steps. `steps_per_epoch`:
-    one count for every epoch, or each epoch's planned count (greedy fill varies by epoch)."""
-    if isinstance(steps_per_epoch, int):
-        steps_per_epoch = [steps_per_epoch] * cfg.epochs
-    left = cfg.max_steps if cfg.max_steps is not None else sum(steps_per_epoch)
-    updates = 0
-    for s in list(steps_per_epoch)[: cfg.epochs]:
-        take = min(s, left)
-        updates += -(-take // cfg.grad_accum)
-        left -= take
-    return updates
+    """Optimizer steps of the whole run (pipeline.core.runlength.run_length owns the rule);
+    `steps_per_epoch`: one count for every epoch, or each epoch's planned count."""
+    return run_length(steps_per_epoch, cfg).optimizer_steps

@@ -247,12 +247,10 @@ def reference(fault_data, tmp_path_factory) -> dict:
 @pytest.fixture(scope="module")
 def local_ray():
     """One local Ray instance per module (never someone else's cluster)."""
-    import ray
+    from tests.ray.conftest import private_ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    yield
-    ray.shutdown()
+    with private_ray(log_to_driver=False):
+        yield
 
 
 def report(name: str, **figures) -> None:

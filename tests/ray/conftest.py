@@ -1,4 +1,9 @@
-"""One local Ray cluster per test module (RAY_NOTES: start-up is the expensive part)."""
+"""One local Ray instance for the whole test session: start-up is the expensive part.
+
+`address="local"` never attaches to another `ray start` on the machine, so a test cannot run
+inside someone else's cluster. A module whose Ray processes must inherit environment variables
+set by one of its fixtures (the S3 suite) swaps in its own instance with `private_ray`.
+"""
 
 from __future__ import annotations
 
@@ -10,19 +15,32 @@ import ray
 import ray.data
 
 
-@contextmanager
-def local_ray(**kw) -> Iterator[object]:
-    """A fresh 2-CPU cluster. address="local" never attaches to another `ray start` on the
-    machine, so a test cannot run inside someone else's cluster."""
+def start_local_ray(**kw) -> object:
     ctx = ray.init(address="local", num_cpus=2, include_dashboard=False, **kw)
     ray.data.DataContext.get_current().enable_progress_bars = False
+    return ctx
+
+
+@contextmanager
+def private_ray(**kw) -> Iterator[object]:
+    """A fresh local instance for one module; the next module that asks for `cluster` starts
+    the shared one again."""
+    ray.shutdown()
     try:
-        yield ctx
+        yield start_local_ray(**kw)
     finally:
         ray.shutdown()
 
 
+@pytest.fixture(scope="session")
+def _shutdown_ray_at_exit():
+    yield
+    ray.shutdown()
+
+
 @pytest.fixture(scope="module")
-def cluster():
-    with local_ray() as ctx:
-        yield ctx
+def cluster(_shutdown_ray_at_exit):
+    """The session's shared local instance, started by the first module that needs it (and
+    again after a module that used a private one)."""
+    if not ray.is_initialized():
+        start_local_ray()

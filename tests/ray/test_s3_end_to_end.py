@@ -31,6 +31,7 @@ from pipeline.data.index import filesystem_for
 from pipeline.learn.checkpoint import load_checkpoint
 from pipeline.train.launch import run
 from pipeline.train.loop import FAIL_AT_STEP_ENV, FAIL_MARKER_ENV
+from tests.ray.conftest import private_ray
 
 pytestmark = pytest.mark.ray
 
@@ -110,9 +111,11 @@ def s3(s3_env) -> pafs.S3FileSystem:
 
 
 @pytest.fixture(scope="module")
-def cluster(s3_env, cluster):
-    # The conftest cluster, started after s3_env so every Ray process inherits the endpoint.
-    return cluster
+def cluster(s3_env):
+    # A Ray instance of this module's own, started after s3_env so every Ray process inherits
+    # the endpoint and keys; the next module asking for `cluster` starts the shared one again.
+    with private_ray() as ctx:
+        yield ctx
 
 
 @pytest.fixture(scope="module")
