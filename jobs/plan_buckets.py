@@ -31,6 +31,7 @@ from pipeline.core.config import (
     load_config,
     parse_edges,
 )
+from pipeline.core.frontier import FrontierPoint, frontier_ks, plot_frontier
 from pipeline.core.metrics import truncation_counts
 from pipeline.core.report import build_report, plot_report, render_text
 from pipeline.core.synthetic import PRESETS, seed902k_lengths
@@ -109,9 +110,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--token-budget", type=count(1), help="padded tokens per global step (default 65536)"
     )
     p.add_argument(
+        "--fill",
+        choices=["greedy", "fixed_per_bucket"],
+        help="token budget: fill each batch to the budget (default greedy) or budget // upper "
+        "edge (not with --batch-size)",
+    )
+    p.add_argument(
+        "--max-recomposition-floor",
+        type=float,
+        default=None,
+        help="auto: cap K where the recomposition chance floor exceeds this",
+    )
+    p.add_argument(
         "--round-to",
         type=count(0),
-        help="round token-budget batches down to this (default 8; not with --batch-size)",
+        help="round token-budget batches down to this (default: 8 with --fill fixed_per_bucket, "
+        "none greedy; not with --batch-size)",
     )
     p.add_argument(
         "--pad-to-multiple-of", type=count(1), default=8, help="pad batch max up to this"
@@ -148,6 +162,11 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epoch", type=count(0), default=0, help="epoch to plan")
     p.add_argument("--json", metavar="OUT", help="write the report as JSON")
     p.add_argument("--png", metavar="OUT", help="write the length histogram with edges")
+    p.add_argument(
+        "--frontier-png",
+        metavar="OUT",
+        help="write the K frontier: padding efficiency, steps and recomposition floor per K",
+    )
     p.add_argument("--dump-plan", metavar="OUT.parquet", help="write the epoch plan's rows")
 
 
@@ -280,11 +299,20 @@ def _configs(args) -> tuple[BatchingConfig, PlanConfig]:
     if args.batch_size is not None:
         if args.round_to is not None:
             raise InputError("--round-to has no effect with --batch-size: drop one of them")
+        if args.fill is not None:
+            raise InputError("--fill has no effect with --batch-size: drop one of them")
         batching |= {"mode": "fixed", "batch_size": args.batch_size}
     else:
         batching |= {"mode": "token_budget", "token_budget": args.token_budget or 65_536}
-        batching["round_to"] = 8 if args.round_to is None else args.round_to
-    buckets = {"target_efficiency": args.target_efficiency, "max_buckets": args.max_buckets}
+        if args.round_to is not None:
+            batching["round_to"] = args.round_to
+        if args.fill is not None:
+            batching["fill"] = args.fill
+    buckets = {
+        "target_efficiency": args.target_efficiency,
+        "max_buckets": args.max_buckets,
+        "max_recomposition_floor": args.max_recomposition_floor,
+    }
     if args.num_buckets != "auto" and args.edges is None:
         buckets["num_buckets"] = args.num_buckets
     try:
@@ -293,7 +321,7 @@ def _configs(args) -> tuple[BatchingConfig, PlanConfig]:
     except ValidationError as err:
         e = err.errors()[0]
         msg = e["msg"].removeprefix("Value error, ")
-        for name in ("num_buckets", "max_buckets", "target_efficiency"):
+        for name in ("num_buckets", "max_buckets", "target_efficiency", "max_recomposition_floor"):
             msg = msg.replace(f"buckets.{name}", _flag(name))
         loc = [str(p) for p in e["loc"] if p not in _VARIANT_TAGS]
         if not loc:  # a cross-field rule; its message already names the flags
@@ -352,6 +380,8 @@ def run(args) -> int:
         epoch=args.epoch,
         plan=plan_cfg,
         sample_ids=ids,
+        max_floor=args.max_recomposition_floor,
+        frontier_ks=frontier_ks(args.max_buckets) if args.frontier_png else (),
         log=log,
     )
     report["source"] = source
@@ -366,6 +396,15 @@ def run(args) -> int:
     if args.png:
         _write("--png", args.png, lambda: plot_report(report, lengths, args.png))
         log(f"wrote {args.png}")
+    if args.frontier_png:
+        points = [FrontierPoint(**p) for p in report["frontier"]]
+        chosen = report["chosen"]["num_buckets"]
+        _write(
+            "--frontier-png",
+            args.frontier_png,
+            lambda: plot_frontier(points, args.frontier_png, chosen=chosen),
+        )
+        log(f"wrote {args.frontier_png}")
     if args.dump_plan:
         import pyarrow as pa
         import pyarrow.parquet as pq

@@ -32,7 +32,8 @@ def plot_padding(padding: dict, path: Path) -> None:
     w = 0.8 / len(names)
     fig, ax = plt.subplots(figsize=(11, 4.8))
     for i, name in enumerate(names):
-        vals = [p["vs_sorted"] for p in padding["batchings"][name]["policies"]]
+        by_name = {p["name"]: p for p in padding["batchings"][name]["policies"]}
+        vals = [by_name[p["name"]]["vs_sorted"] for p in rows]  # rows of the first batching
         bars = ax.bar(
             x + (i - (len(names) - 1) / 2) * w, vals, w, label=_batching_label(padding, name)
         )

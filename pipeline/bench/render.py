@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from pipeline.bench.fullbatch import render_budget
 from pipeline.bench.plots import TEAM_KTOK_S, TEAM_MEASURED
 
 __all__ = ["render_markdown", "render_headline", "GOAL_VS_SORTED", "RECOMPOSITION_TARGET"]
@@ -179,9 +180,9 @@ def _section_padding(r: dict) -> list[str]:
         "tokens; `pipeline.core.report.compare_policies`, the simulator behind `jobs.plan_buckets`). "
         "Efficiency = real tokens / padded slots, each micro-batch padded to its longest sample "
         "rounded up to 8; one rank, so a global batch is one micro-batch. Under a token budget "
-        "the non-bucketed policies use one fixed batch sized for the longest sample "
-        "(budget // 8192), the bucketed ones `budget // upper edge` per bucket. Deterministic: "
-        "no repeats needed.",
+        "sorted and random are cut greedily to the budget like the bucketed plans (`batching.fill: "
+        "greedy`), megabatch uses one fixed batch sized for the longest sample (budget // 8192). "
+        "Deterministic: no repeats needed.",
         "",
     ]
     blocks = pad["batchings"]
@@ -195,10 +196,10 @@ def _section_padding(r: dict) -> list[str]:
         header += [f"efficiency ({lab})", "vs sorted"]
     first = next(iter(blocks.values()))
     rows = []
-    for i, p in enumerate(first["policies"]):
+    for p in first["policies"]:
         row = [p["label"] if p["name"] != "optimal:auto" else "optimal edges, auto"]
         for b in blocks.values():
-            q = b["policies"][i]
+            q = _by_name(b["policies"])[p["name"]]
             k = f" (K={b['auto']['k']})" if q["name"] == "optimal:auto" else ""
             row += [f"{q['efficiency']:.4f}{k}", f"{q['vs_sorted']:.3f}"]
         rows.append(row)
@@ -641,6 +642,7 @@ def render_markdown(
     if "padding" in plots:
         out += [f"![padding]({_rel(plots['padding'], doc_path)})", ""]
     out += _section_padding(results)
+    out += render_budget(results)
     out += _section_training(results, doc_path, plots)
     out += _section_quality(results, doc_path, plots)
     out += _section_delivery(results)

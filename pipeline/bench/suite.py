@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.bench.fullbatch import budget_table, hf_fidelity
 from pipeline.bench.padding import BATCHINGS, padding_table, planning_costs
 from pipeline.bench.quality import loss_readability, recomposition_table
 from pipeline.bench.training import POLICIES, measure_training, run_summary
@@ -152,6 +153,8 @@ def _gpu_name() -> str | None:
 def section_padding(lengths: np.ndarray, lengths_big: np.ndarray | None, repeats: int) -> dict:
     """Section 1: the padding table at B=32 and at a token budget, and planning costs."""
     out = padding_table(lengths)
+    out["budget"] = budget_table(lengths, repeats=repeats)
+    out["hf_fidelity"] = hf_fidelity(lengths)
     sizes = {"preset": lengths}
     if lengths_big is not None:
         sizes["scaled"] = lengths_big

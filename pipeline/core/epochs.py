@@ -3,7 +3,9 @@
 `resolve_edges` honours explicit edges, a fixed K, or `auto`: the smallest K whose simulated
 padding efficiency (each micro-batch padded to its own max, rounded as the collator does) reaches
 buckets.target_efficiency. The simulation plans a real epoch for each candidate K, so it measures
-what training will see, including token-budget batch sizes and the split over ranks.
+what training will see, including token-budget batch sizes and the split over ranks. With
+buckets.max_recomposition_floor, K is also capped at the largest K whose recomposition chance
+floor (`pipeline.core.frontier`) stays within it: narrow buckets re-pair samples across epochs.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import numpy as np
 
 from pipeline.core.buckets import optimize, optimize_all, validate_edges
 from pipeline.core.config import Batching, PlanConfig, RunConfig
+from pipeline.core.frontier import plan_point
 from pipeline.core.metrics import padding_efficiency
 from pipeline.core.plan import EpochPlan, epoch_plan
 
@@ -45,22 +48,54 @@ def auto_edges(
     target: float,
     max_k: int,
     world_size: int,
+    max_floor: float | None = None,
 ) -> list[int]:
     """Smallest K in 1..max_k whose optimal edges reach `target` simulated efficiency.
 
     Efficiency rises with K almost monotonically (more buckets, tighter batches), so a doubling
     search followed by bisection plans O(log max_k) epochs instead of max_k; if even max_k
-    misses the target, its edges are returned with a warning.
+    misses the target, its edges are returned with a warning. With `max_floor`, a K whose
+    recomposition floor exceeds it is replaced by the largest K below it that stays within it
+    (the floor grows with K, so again by bisection), with a warning that the target yields.
     """
     table = optimize_all(lengths, max_k)
     kmax = max(table.edges)
-    memo: dict[int, float] = {}
+    memo: dict[int, tuple[float, float]] = {}
 
-    def eff(k: int) -> float:
+    def point(k: int) -> tuple[float, float]:
         if k not in memo:
-            memo[k] = simulated_efficiency(lengths, table.for_k(k), batching, plan_cfg, world_size)
+            p = plan_point(lengths, table.for_k(k), batching, plan_cfg, world_size)
+            memo[k] = (p.efficiency, p.floor)
         return memo[k]
 
+    def eff(k: int) -> float:
+        return point(k)[0]
+
+    k = _smallest_k_reaching(eff, target, kmax)
+    if max_floor is not None and point(k)[1] > max_floor:
+        k = _largest_k_within(lambda j: point(j)[1], max_floor, k)
+        warnings.warn(
+            f"buckets: max_recomposition_floor={max_floor} caps K at {k} (floor "
+            f"{point(k)[1]:.3f}, padding efficiency {eff(k):.3f}, target {target}); raise the "
+            "ceiling or lower target_efficiency to trade the other way",
+            stacklevel=2,
+        )
+    return table.for_k(k)
+
+
+def _largest_k_within(floor, ceiling: float, hi: int) -> int:
+    """Largest K in 1..hi - 1 with floor(K) <= ceiling (1 if none), by bisection."""
+    lo = 1
+    if floor(lo) > ceiling:
+        return lo
+    while hi - lo > 1:  # floor(lo) <= ceiling < floor(hi)
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if floor(mid) <= ceiling else (lo, mid)
+    return lo
+
+
+def _smallest_k_reaching(eff, target: float, kmax: int) -> int:
+    """The doubling-then-bisection search of `auto_edges` (kmax with a warning if missed)."""
     lo, hi = 0, 1  # eff(lo) < target (lo = 0: none tried), eff(hi) >= target once found
     while hi < kmax and eff(hi) < target:
         lo, hi = hi, min(2 * hi, kmax)
@@ -69,13 +104,13 @@ def auto_edges(
             f"buckets: even {kmax} buckets reach only {eff(hi):.3f} padding efficiency "
             f"< buckets.target_efficiency={target}; using {kmax}. Lower the target or raise "
             "buckets.max_buckets",
-            stacklevel=2,
+            stacklevel=3,
         )
-        return table.for_k(kmax)
+        return kmax
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if eff(mid) >= target else (mid, hi)
-    return table.for_k(hi)
+    return hi
 
 
 def resolve_edges(cfg: RunConfig, lengths: np.ndarray) -> list[int]:
@@ -95,6 +130,7 @@ def resolve_edges(cfg: RunConfig, lengths: np.ndarray) -> list[int]:
         cfg.buckets.target_efficiency,
         cfg.buckets.max_buckets,
         cfg.scaling.num_workers,
+        cfg.buckets.max_recomposition_floor,
     )
 
 

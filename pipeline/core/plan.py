@@ -16,6 +16,7 @@ from functools import cached_property
 
 import numpy as np
 
+from pipeline.core.batching import cut_global_batches, effective_round_to
 from pipeline.core.buckets import assign
 from pipeline.core.config import Batching, PlanConfig
 
@@ -42,7 +43,7 @@ def global_batch_sizes(edges, batching: Batching) -> np.ndarray:
     if batching.mode == "fixed":
         return np.full(uppers.size, batching.batch_size, dtype=np.int64)
     g = np.maximum(1, batching.token_budget // uppers)
-    r = batching.round_to
+    r = effective_round_to(batching)
     if r > 1:
         # Round down to a multiple of r, but never below r when the budget allows r samples.
         g = np.where(g >= r, (g // r) * r, g)
@@ -72,8 +73,16 @@ def _batches_per_bucket(counts: np.ndarray, g: np.ndarray, drop_remainder: bool)
     return counts // g if drop_remainder else -(-counts // g)
 
 
-def steps_per_epoch(lengths: np.ndarray, edges, batching: Batching) -> int:
-    """Global steps in one epoch; the same for every epoch and every world size."""
+def steps_per_epoch(
+    lengths: np.ndarray, edges, batching: Batching, *, seed: int = 0, epoch: int = 0
+) -> int:
+    """Global steps in one epoch, the same for every world size; with greedy fill it depends on
+    the epoch's shuffle (planned here), otherwise it is the same for every epoch."""
+    if batching.mode == "token_budget" and batching.fill == "greedy":
+        plan = PlanConfig(seed=seed)
+        return epoch_plan(
+            lengths, edges, seed=seed, epoch=epoch, world_size=1, batching=batching, plan=plan
+        ).num_steps
     counts = _bucket_counts(assign(lengths, edges), len(edges) - 1)
     return int(
         _batches_per_bucket(
@@ -352,9 +361,8 @@ def epoch_plan(
                 order[starts[k] : starts[k + 1]] = order[starts[k] : starts[k + 1]][perm]
 
     g = global_batch_sizes(edges, batching)
-    nb = _batches_per_bucket(counts, g, batching.drop_remainder)
-    kept = np.minimum(counts, nb * g)
-    num_dropped = int((counts - kept).sum())
+    cut = cut_global_batches(lengths[order], counts, edges, batching, g)
+    nb, num_dropped = cut.per_bucket, cut.dropped
 
     # Step order: an epoch-seeded interleaving of all global batches.
     seq = _interleave(nb, np.random.default_rng((seed, epoch, INTERLEAVE_STREAM)))
@@ -365,8 +373,8 @@ def epoch_plan(
     if seq.size:
         by_bucket = np.argsort(seq, kind="stable")
         occ[by_bucket] = np.arange(seq.size) - np.repeat(np.cumsum(nb) - nb, nb)
-    batch_start = starts[seq] + occ * g[seq]
-    batch_size = np.minimum(g[seq], starts[seq] + kept[seq] - batch_start)
+    batch = (np.cumsum(nb) - nb)[seq] + occ
+    batch_start, batch_size = cut.start[batch], cut.size[batch]
 
     if plan.longest_first and seq.size:
         maxlen = np.maximum.reduceat(

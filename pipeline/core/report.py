@@ -2,9 +2,11 @@
 
 Every policy is scored the same way: each rank's micro-batch is padded to its longest sample
 rounded up to `pad_to_multiple_of` (never beyond the bucket's upper edge for bucketed policies),
-and efficiency is real tokens / padded slots. Policies: `sorted` (all lengths sorted, fixed
-batches: the static upper bound), `random` (one permutation, fixed batches), `megabatch` (the
-`group_by_length` of HF transformers' LengthGroupedSampler), and bucketed ones (`edges:<name>`,
+and efficiency is real tokens / padded slots. Policies: `sorted` (all lengths sorted: the static
+upper bound; under a token budget with greedy fill, cut greedily to the budget like fairseq's
+`batch_by_size`, the reference for steps too), `random` (one permutation), `megabatch` (HF
+`group_by_length` per rank, `pipeline.core.peers`), `lhotse` (lhotse-style dynamic bucketing at
+max_duration = the budget; token budget only), and bucketed ones (`edges:<name>`,
 `optimal:K`) run through the real `epoch_plan`. `auto_search` reports the K that `num_buckets:
 auto` picks (`pipeline.core.epochs.auto_edges`). Pure numpy, no per-sample Python loops.
 """
@@ -21,7 +23,9 @@ import numpy as np
 from pipeline.core.buckets import EdgeTable, optimize_all, padded_to_edges
 from pipeline.core.config import TEAM_EDGES, Batching, PlanConfig
 from pipeline.core.epochs import auto_edges, simulated_efficiency
+from pipeline.core.frontier import frontier
 from pipeline.core.metrics import micro_batch_padded
+from pipeline.core.peers import hf_length_grouped, lhotse_style
 from pipeline.core.plan import (
     EpochPlan,
     epoch_plan,
@@ -85,6 +89,8 @@ class PolicyScore:
     padded_tokens: int
     micro_batches: int
     batch_size: int | None  # global samples per step; None: per bucket, from the plan
+    steps: int = 0  # global steps of the epoch
+    over_budget: int = 0  # global steps whose padded slots exceed the token budget
 
     @property
     def efficiency(self) -> float:
@@ -174,18 +180,28 @@ def order_score(
     *,
     world_size: int = 1,
     multiple: int = 1,
+    budget: int | None = None,
 ) -> PolicyScore:
-    """Score samples taken in `order`, cut into global batches of `batch_size` (last one partial),
-    each split over `world_size` ranks; padding is per micro-batch, uncapped."""
+    """Score samples taken in `order`, cut into global batches of `batch_size` (last one partial)
+    or of the given sizes, each split over `world_size` ranks; padding is per micro-batch,
+    uncapped; steps over `budget` padded slots are counted."""
     lens = np.asarray(lengths, dtype=np.int64)[order]
     n = lens.size
-    steps = -(-n // batch_size)
-    sizes = np.full(steps, batch_size, dtype=np.int64)
-    if steps:
-        sizes[-1] = n - batch_size * (steps - 1)
+    if np.ndim(batch_size):  # variable global batches (e.g. lhotse-style), given in order
+        sizes = np.asarray(batch_size, dtype=np.int64)
+    else:
+        steps = -(-n // batch_size)
+        sizes = np.full(steps, batch_size, dtype=np.int64)
+        if steps:
+            sizes[-1] = n - batch_size * (steps - 1)
     offsets = _micro_offsets(sizes, world_size)
-    padded = int(micro_batch_padded(lens, offsets, multiple=multiple).sum())
-    return PolicyScore(name, int(lens.sum()), padded, offsets.size - 1, batch_size)
+    mb = micro_batch_padded(lens, offsets, multiple=multiple)
+    step_padded = mb.reshape(sizes.size, world_size).sum(axis=1)
+    over = int((step_padded > budget).sum()) if budget else 0
+    fixed = None if np.ndim(batch_size) else batch_size
+    return PolicyScore(
+        name, int(lens.sum()), int(mb.sum()), offsets.size - 1, fixed, sizes.size, over
+    )
 
 
 def plan_score(name: str, plan: EpochPlan) -> PolicyScore:
@@ -193,7 +209,7 @@ def plan_score(name: str, plan: EpochPlan) -> PolicyScore:
     lens, offsets = plan.micro_batch_lengths()
     cap = plan.edges[1:][plan.micro_batch_buckets()]
     padded = micro_batch_padded(lens, offsets, multiple=plan.pad_to_multiple_of, cap=cap).sum()
-    return PolicyScore(name, int(lens.sum()), int(padded), offsets.size - 1, None)
+    return PolicyScore(name, int(lens.sum()), int(padded), offsets.size - 1, None, plan.num_steps)
 
 
 def compare_policies(
@@ -206,17 +222,48 @@ def compare_policies(
     epoch: int = 0,
     plan: PlanConfig | None = None,
 ) -> list[PolicyScore]:
-    """sorted, random, megabatch, then one bucketed policy per named edge list (in given order)."""
+    """sorted, random, megabatch, [lhotse,] then one bucketed policy per named edge list.
+
+    Under a token budget with greedy fill, `sorted` and `random` are cut greedily to the same
+    budget (sorted: fairseq's `batch_by_size`, the reference for steps and padding) and `lhotse`
+    adds lhotse-style dynamic bucketing at max_duration = budget; otherwise they use the fixed
+    batch of `fixed_batch_size`. `megabatch` is HF `group_by_length` with B // world_size samples
+    per rank (`pipeline.core.peers.hf_length_grouped`, held to the real samplers by a test).
+    """
     lengths = np.asarray(lengths, dtype=np.int64)
     B = fixed_batch_size(lengths, batching)
     kw = dict(world_size=world_size, multiple=batching.pad_to_multiple_of)
     # The epoch number perturbs the non-bucketed permutations too, like a per-epoch reshuffle.
     s = (seed, epoch)
-    scores = [
-        order_score("sorted", lengths, sorted_order(lengths), B, **kw),
-        order_score("random", lengths, random_order(lengths, s), B, **kw),
-        order_score("megabatch", lengths, megabatch_order(lengths, B, s), B, **kw),
-    ]
+    if batching.mode == "token_budget" and batching.fill == "greedy":
+        top = [0, int(lengths.max())]
+        base = dict(batching=batching, world_size=world_size, seed=seed, epoch=epoch)
+        scores = [
+            plan_score(p, epoch_plan(lengths, top, **base, plan=PlanConfig(policy=p)))
+            for p in ("sorted", "random")
+        ]
+    else:
+        scores = [
+            order_score("sorted", lengths, sorted_order(lengths), B, **kw),
+            order_score("random", lengths, random_order(lengths, s), B, **kw),
+        ]
+    per_rank = max(1, B // world_size)
+    ids, offsets, steps = hf_length_grouped(lengths, per_rank, world_size, s)
+    hf_padded = micro_batch_padded(lengths[ids], offsets, multiple=batching.pad_to_multiple_of)
+    scores.append(
+        PolicyScore(
+            "megabatch",
+            int(lengths[ids].sum()),
+            int(hf_padded.sum()),
+            offsets.size - 1,
+            per_rank * world_size,
+            steps,
+        )
+    )
+    if batching.mode == "token_budget":
+        budget = batching.token_budget
+        order, sizes = lhotse_style(lengths, budget, 32, seed, epoch)
+        scores.append(order_score("lhotse", lengths, order, sizes, **kw, budget=budget))
     for name, edges in edge_sets.items():
         p = epoch_plan(
             lengths,
@@ -241,6 +288,7 @@ def auto_search(
     seed: int = 0,
     plan: PlanConfig | None = None,
     table: EdgeTable | None = None,
+    max_floor: float | None = None,
 ) -> AutoResult:
     """The K that `buckets.num_buckets: auto` gives training, with the efficiencies behind it.
 
@@ -253,7 +301,7 @@ def auto_search(
     plan_cfg = (plan or PlanConfig()).model_copy(update={"seed": seed})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a missed target is reported in the result instead
-        edges = auto_edges(lengths, batching, plan_cfg, target, max_k, world_size)
+        edges = auto_edges(lengths, batching, plan_cfg, target, max_k, world_size, max_floor)
     k = len(edges) - 1
     eff = simulated_efficiency(lengths, edges, batching, plan_cfg, world_size)
     below = None
@@ -269,6 +317,9 @@ def bucket_rows(plan: EpochPlan, batching: Batching) -> list[dict]:
     s = plan.summary()
     edges = plan.edges.tolist()
     g = global_batch_sizes(edges, batching)
+    if batching.mode == "token_budget" and batching.fill == "greedy":  # per batch: the mean
+        n, st = np.asarray(s["samples_per_bucket"]), np.asarray(s["steps_per_bucket"])
+        g = np.round(n / np.maximum(st, 1)).astype(np.int64)
     rows = []
     for k in range(plan.num_buckets):
         n, tok, upper = s["samples_per_bucket"][k], s["tokens_per_bucket"][k], edges[k + 1]
@@ -325,6 +376,8 @@ def build_report(
     plan: PlanConfig | None = None,
     sample_ids: np.ndarray | None = None,
     compare_ks: Sequence[int] = DEFAULT_COMPARE_KS,
+    max_floor: float | None = None,
+    frontier_ks: Sequence[int] = (),
     log: Callable[[str], None] = lambda _: None,
 ) -> tuple[dict, EpochPlan]:
     """The bucket report (a JSON-ready dict) and the epoch plan of the chosen edges.
@@ -362,6 +415,7 @@ def build_report(
                 seed=seed,
                 plan=plan,
                 table=table,
+                max_floor=max_floor,
             ),
         )
         chosen = {
@@ -420,6 +474,7 @@ def build_report(
     )
     sorted_eff = scores[0].efficiency
     random_eff = scores[1].efficiency
+    budget = batching.token_budget if batching.mode == "token_budget" else None
     policies = [
         {
             "name": s.name,
@@ -432,6 +487,11 @@ def build_report(
             "micro_batches": s.micro_batches,
             "batch_size": s.batch_size,
             "edges": edge_sets.get(s.name),
+            "steps": s.steps,
+            "steps_vs_sorted": s.steps / max(scores[0].steps, 1),
+            # Mean share of the token budget a global step pads to (token-budget mode only).
+            "fill": s.padded_tokens / (s.steps * budget) if budget and s.steps else None,
+            "over_budget_steps": s.over_budget,
         }
         for s in scores
     ]
@@ -467,6 +527,14 @@ def build_report(
         },
         "timings": timings,
     }
+    if frontier_ks:  # per K: efficiency, steps and recomposition floor (--frontier-png)
+        plan_cfg = (plan or PlanConfig()).model_copy(update={"seed": seed})
+        pts, timings["frontier_s"] = _timed(
+            log,
+            f"frontier over {len(frontier_ks)} values of K",
+            lambda: frontier(lengths, batching, plan_cfg, world_size, frontier_ks),
+        )
+        report["frontier"] = [p.to_dict() for p in pts]
     return report, the_plan
 
 
@@ -492,6 +560,12 @@ def render_text(report: dict) -> str:
         out.append(truncation_line(report["truncation"]))
     if b["mode"] == "fixed":
         sizing = f"fixed batch {b['batch_size']} (global)"
+    elif b.get("fill") == "greedy":
+        sizing = (
+            f"token budget {b['token_budget']:,} per global step, batches filled greedily "
+            f"(sorted/random: cut greedily to the same budget, as fairseq's batch_by_size; "
+            f"megabatch: fixed batch {b['non_bucketed_batch_size']} = budget // max length)"
+        )
     else:
         sizing = (
             f"token budget {b['token_budget']:,} per global step (non-bucketed policies: fixed batch "
@@ -526,14 +600,22 @@ def render_text(report: dict) -> str:
     )
     out.append("\npadding efficiency per policy (real / padded slots, batch-max padding):")
     out.append(
-        f"{'policy':<16} {'efficiency':>10} {'vs sorted':>9} {'vs random':>9} {'micro-batches':>13}"
+        f"{'policy':<16} {'efficiency':>10} {'vs sorted':>9} {'vs random':>9} {'micro-batches':>13} "
+        f"{'steps':>8} {'steps/sorted':>12} {'fill':>6} {'over budget':>11}"
     )
     for p in report["policies"]:
         mark = "  <- chosen" if p["name"] == ch["name"] else ""
+        fill = "" if p.get("fill") is None else f"{p['fill']:.3f}"
         out.append(
             f"{p['name']:<16} {p['efficiency']:>10.4f} {p['vs_sorted']:>9.3f} {p['speedup_vs_random']:>8.2f}x "
-            f"{p['micro_batches']:>13,}{mark}"
+            f"{p['micro_batches']:>13,} {p.get('steps', 0):>8,} {p.get('steps_vs_sorted', 0):>12.3f} "
+            f"{fill:>6} {p.get('over_budget_steps', 0):>11,}{mark}"
         )
+    if report.get("frontier"):
+        out.append("\nK frontier (epoch 0): padding efficiency, steps, recomposition chance floor")
+        out.append(f"{'K':>4} {'efficiency':>10} {'steps':>8} {'floor':>6}")
+        for f in report["frontier"]:
+            out.append(f"{f['k']:>4} {f['efficiency']:>10.4f} {f['steps']:>8,} {f['floor']:>6.3f}")
     pl, t = report["plan"], report["timings"]
     out.append(
         f"\nplan: {pl['steps']:,} steps, {pl['samples']:,} samples, {pl['dropped']} dropped, "

@@ -205,6 +205,12 @@ class OptimisedBuckets(_Section):
     max_buckets: Annotated[int, Field(ge=1, le=64)] = Field(
         64, description="Upper bound on K for `auto`, and on any K."
     )
+    max_recomposition_floor: Annotated[float, Field(ge=0, le=1)] | None = Field(
+        None,
+        description="`auto` only: the largest K whose batch-recomposition chance floor (share of "
+        "micro-batches expected to re-pair two samples of the last epoch; narrow buckets raise it) "
+        "stays at or below this bounds the search; null: no ceiling.",
+    )
 
     @property
     def edges(self) -> None:
@@ -250,11 +256,13 @@ class _Batching(_Section):
 
 
 class TokenBudgetBatching(_Batching):
-    """A bucket's global batch holds token_budget // (its upper edge) samples."""
+    """Global batches hold at most token_budget padded tokens (batching.fill says how they are cut)."""
 
     mode: Literal["token_budget"] = Field(
         "token_budget",
-        description="`token_budget` (this section's fields) or `fixed` (batch_size instead).",
+        description="`token_budget`: global batches hold at most token_budget padded tokens "
+        "(batching.fill says how they are cut); `fixed`: every global batch has batch_size samples "
+        "(batch_size instead of this section's fields).",
     )
     token_budget: PositiveInt = Field(
         65_536,
@@ -262,9 +270,18 @@ class TokenBudgetBatching(_Batching):
         "depend on the world size (contract 8); per-rank memory ~ token_budget / world_size. "
         "At least the top bucket edge.",
     )
-    round_to: NonNegativeInt = Field(
-        8,
-        description="Round a token-budget batch size down to a multiple of this (0 or 1: no rounding).",
+    fill: Literal["greedy", "fixed_per_bucket"] = Field(
+        "greedy",
+        description="`greedy` cuts each bucket's shuffled samples into global batches filled up to "
+        "the budget (batch size x padded max length <= token_budget); `fixed_per_bucket`: every "
+        "batch of a bucket has token_budget // upper_edge samples (the older rule, ~88% of the "
+        "budget; reproduces its plans).",
+    )
+    round_to: NonNegativeInt | None = Field(
+        None,
+        description="Round a token-budget batch size down to a multiple of this (0 or 1: no rounding; "
+        "null: 8 for fill=fixed_per_bucket, none for fill=greedy). With greedy fill, a multiple of "
+        "the world size makes every rank's micro-batch <= token_budget / world_size exactly.",
     )
 
     @model_validator(mode="before")
@@ -278,7 +295,8 @@ class FixedBatching(_Batching):
     """Every global batch has batch_size samples."""
 
     mode: Literal["fixed"] = Field(
-        "fixed", description="`fixed` (batch_size) or `token_budget` (token_budget, round_to)."
+        "fixed",
+        description="`fixed` (batch_size) or `token_budget` (token_budget, fill, round_to).",
     )
     batch_size: PositiveInt = Field(32, description="Samples per GLOBAL step (all ranks together).")
 
@@ -286,7 +304,7 @@ class FixedBatching(_Batching):
     @classmethod
     def _no_budget_fields(cls, data: Any) -> Any:
         why = "with batching.mode=fixed: remove it, or set batching.mode=token_budget"
-        return _forbid("batching", data, {"token_budget": why, "round_to": why})
+        return _forbid("batching", data, {"token_budget": why, "round_to": why, "fill": why})
 
 
 def _batching_mode(v: Any) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -54,6 +55,7 @@ def build_scheduler(
     )
 
 
-def optimizer_steps(steps_per_epoch: int, cfg: TrainConfig) -> int:
-    """Optimizer steps of the whole run (pipeline.core.runlength.run_length owns the rule)."""
+def optimizer_steps(steps_per_epoch: int | Sequence[int], cfg: TrainConfig) -> int:
+    """Optimizer steps of the whole run (pipeline.core.runlength.run_length owns the rule);
+    `steps_per_epoch`: one count for every epoch, or each epoch's planned count."""
     return run_length(steps_per_epoch, cfg).optimizer_steps

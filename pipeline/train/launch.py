@@ -24,7 +24,7 @@ import pyarrow.fs as pafs
 
 from pipeline.core.config import ConfigError, RunConfig
 from pipeline.core.metrics import padding_efficiency
-from pipeline.core.plan import EpochPlan, steps_per_epoch
+from pipeline.core.plan import EpochPlan
 from pipeline.core.runlength import run_length
 from pipeline.learn.checkpoint import SAVE_FAIL_ENV
 from pipeline.train.control import trainer_class, user_error
@@ -201,12 +201,21 @@ def _run_fs(cfg: RunConfig) -> tuple[pafs.FileSystem, str]:
     return fs or pafs.LocalFileSystem(), f"{path.rstrip('/')}/{cfg.checkpoint.run_name}"
 
 
-def _plan_epochs(cfg: RunConfig, index, edges: list[int], num_epochs: int) -> list[dict]:
+def _plan_epochs(cfg: RunConfig, index, edges: list[int]) -> tuple[list[dict], list[int]]:
+    """Plan every epoch the run reaches (up to train.max_steps): each epoch's hash and metrics,
+    and its planned global steps."""
     from pipeline.data import epoch_plan_for
 
-    epochs = []
-    for e in range(num_epochs):
+    epochs, steps = [], []
+    for e in range(cfg.train.epochs):
+        if cfg.train.max_steps is not None and sum(steps) >= cfg.train.max_steps:
+            break
         plan = epoch_plan_for(cfg, index, edges, e, cfg.scaling.num_workers)
+        if plan.num_steps == 0:
+            raise ConfigError(
+                f"no training steps: {len(index.lengths)} valid samples under buckets {edges} "
+                "(with batching.drop_remainder, every bucket may be smaller than one global batch)"
+            )
         epochs.append(
             {
                 "hash": plan.content_hash,
@@ -216,7 +225,8 @@ def _plan_epochs(cfg: RunConfig, index, edges: list[int], num_epochs: int) -> li
                 },
             }
         )
-    return epochs
+        steps.append(plan.num_steps)
+    return epochs, steps
 
 
 def run(cfg: RunConfig, *, address: str | None = None) -> TrainSummary:
@@ -233,19 +243,16 @@ def run(cfg: RunConfig, *, address: str | None = None) -> TrainSummary:
     path = resolve_data_path(cfg)
     index = build_length_index(cfg, path)
     edges = [int(e) for e in resolve_edges(cfg, index.lengths)]
-    S = steps_per_epoch(index.lengths, edges, cfg.batching)
-    if S == 0:
-        raise ConfigError(
-            f"no training steps: {len(index.lengths)} valid samples under buckets {edges} "
-            "(with batching.drop_remainder, every bucket may be smaller than one global batch)"
-        )
-    length = run_length(S, cfg.train)
+    # Every epoch the run reaches is planned here: with greedy fill, steps per epoch vary
+    # slightly between epochs, and the schedule, progress and resume use these planned counts.
+    epochs, steps = _plan_epochs(cfg, index, edges)
+    length = run_length(steps, cfg.train)
     total = length.global_steps
-    epochs = _plan_epochs(cfg, index, edges, length.epochs)
     check_resume_on_driver(cfg, fs, rdir, edges, epochs)
     note = truncation_note(index)
     if note:
         print(f"[bucketray] {note}", flush=True)
+    S = f"{min(steps)}-{max(steps)}" if min(steps) != max(steps) else str(steps[0])
     print(
         f"[bucketray] {len(index.lengths):,} samples, edges {edges}, {S} steps/epoch, "
         f"{total} steps on {cfg.scaling.num_workers} workers -> {run_dir(cfg)}",
@@ -257,7 +264,7 @@ def run(cfg: RunConfig, *, address: str | None = None) -> TrainSummary:
         feeder_name = f"bucketray-feeder-{cfg.checkpoint.run_name}-{uuid.uuid4().hex[:8]}"
         feeder = start_feeder(cfg, index, edges, name=feeder_name, path=path)
         try:
-            result = _fit(cfg, _loop_inputs(cfg, feeder_name, edges, S, epochs), flag)
+            result = _fit(cfg, _loop_inputs(cfg, feeder_name, edges, steps, epochs), flag)
         finally:
             ray.kill(feeder)
             ray.kill(flag)
@@ -274,13 +281,15 @@ def run(cfg: RunConfig, *, address: str | None = None) -> TrainSummary:
     )
 
 
-def _loop_inputs(cfg: RunConfig, feeder: str, edges: list[int], S: int, epochs: list[dict]):
+def _loop_inputs(
+    cfg: RunConfig, feeder: str, edges: list[int], steps: list[int], epochs: list[dict]
+):
     wandb_dir = cfg.wandb.dir or (run_dir(cfg) if "://" not in run_dir(cfg) else "wandb")
     return LoopInputs(
         cfg=cfg.model_dump(mode="json"),
         feeder=feeder,
         edges=edges,
-        steps_per_epoch=S,
+        steps_per_epoch=steps,
         epochs=epochs,
         wandb_dir=str(Path(wandb_dir).absolute()) if "://" not in wandb_dir else "wandb",
     )

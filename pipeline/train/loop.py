@@ -35,7 +35,7 @@ class LoopInputs:
     cfg: dict  # RunConfig.model_dump(mode="json"); re-validated in the worker
     feeder: str  # name of the data layer's feeder actor
     edges: list[int]
-    steps_per_epoch: int
+    steps_per_epoch: list[int]  # planned global steps of each epoch the run reaches
     epochs: list[dict]  # per epoch: {"hash": plan hash, "metrics": {"epoch/...": ...}}
     wandb_dir: str
 

@@ -58,7 +58,7 @@ class RunSpec:
     world: int
     device: torch.device
     edges: list[int]
-    steps_per_epoch: int
+    steps_per_epoch: list[int]  # planned global steps of each epoch the run reaches
     epochs: list[dict]  # per epoch: {"hash": plan hash, "metrics": {"epoch/...": ...}}
     run_dir: str  # the run's resolved storage directory: names its W&B run
 
@@ -122,6 +122,11 @@ class Trainer:
         self.ddp = self.model  # wrapped in DDP by fit() under a process group
         self.lr = self.grad_norm = self.debiased = float("nan")  # of the last step
 
+    def steps_in(self, epoch: int) -> int:
+        """The planned global steps of `epoch` (0 past the epochs the run reaches)."""
+        planned = self.spec.steps_per_epoch
+        return planned[epoch] if epoch < len(planned) else 0
+
     # ---- resume (contract 7)
     def resume(self, state: TrainState | None) -> None:
         """Continue from `state` (this rank's view of the latest checkpoint), or start fresh."""
@@ -143,7 +148,7 @@ class Trainer:
         self.scheduler.load_state_dict(state.scheduler)
         self.tracker.load_state_dict(state.tracker)
         self.counters, self.run_id = dict(state.counters), state.wandb_run_id
-        self.position = p.normalized(spec.steps_per_epoch)
+        self.position = p.normalized(self.steps_in(p.epoch))
         self.steps_done = p.steps_done
         if state.rng is not None and p.world_size == spec.world:
             set_rng_state(state.rng)
@@ -182,7 +187,7 @@ class Trainer:
 
     def run_epoch(self, epoch: int, batches: BatchesFn) -> bool:
         """Train `epoch` from the resume position on; False when a stop request ended it."""
-        S = self.spec.steps_per_epoch
+        S = self.steps_in(epoch)
         start = self.position.next_step if epoch == self.position.epoch else 0
         if start == 0:
             metrics = {"epoch/index": epoch, **self.spec.epochs[epoch]["metrics"]}
@@ -267,7 +272,7 @@ class Trainer:
                 total_steps=total,
                 epoch=epoch,
                 epoch_step=stats.steps[-1] + 1,
-                steps_per_epoch=self.spec.steps_per_epoch,
+                steps_per_epoch=self.steps_in(epoch),
                 loss=self.last_loss,
                 tokens_per_s=m["data/real_tokens_per_s"],
                 rate=rate,
@@ -288,7 +293,7 @@ class Trainer:
         done = self.steps_done
         due = (
             stop
-            or next_step == self.spec.steps_per_epoch
+            or next_step == self.steps_in(epoch)
             or done == self.total_steps
             or _crossed(before, done, self.cfg.checkpoint.every_steps)
         )

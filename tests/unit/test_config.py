@@ -105,6 +105,14 @@ def test_contract10_config_errors_name_field_and_fix(overrides, fragment):
             "batching.round_to has no effect with batching.mode=fixed",
         ),
         (
+            ["batching.fill=greedy", "batching.mode=fixed"],
+            "batching.fill has no effect with batching.mode=fixed",
+        ),
+        (
+            ["buckets.edges=[0, 512, 8192]", "buckets.max_recomposition_floor=0.1"],
+            "buckets.max_recomposition_floor has no effect when buckets.edges is given",
+        ),
+        (
             ["batching.batch_size=16"],
             "batching.batch_size has no effect with batching.mode=token_budget: remove it, "
             "or set batching.mode=fixed",

@@ -51,3 +51,18 @@ def test_weight_decay_only_on_matrices():
 def test_optimizer_steps_groups_never_span_epochs(spe, epochs, max_steps, accum, expect):
     cfg = TrainConfig(epochs=epochs, max_steps=max_steps, grad_accum=accum)
     assert optimizer_steps(spe, cfg) == expect
+
+
+@pytest.mark.parametrize(
+    "planned,epochs,max_steps,accum,expect",
+    [
+        ([10, 11], 2, None, 3, 4 + 4),  # each epoch's own count, groups cut at its end
+        ([10, 11, 9], 3, 25, 4, 3 + 3 + 1),  # max_steps lands inside the third epoch
+        ([7, 8], 2, 7, 2, 4),  # max_steps at the first epoch's end
+    ],
+)
+def test_optimizer_steps_follow_each_epochs_planned_steps(
+    planned, epochs, max_steps, accum, expect
+):
+    cfg = TrainConfig(epochs=epochs, max_steps=max_steps, grad_accum=accum)
+    assert optimizer_steps(planned, cfg) == expect

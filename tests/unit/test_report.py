@@ -156,8 +156,8 @@ def test_auto_picks_the_smallest_k_reaching_the_target(world_size, monkeypatch):
         )
         scan[k] = plan_score("k", p).efficiency
     plans = []
-    real = epochs.simulated_efficiency
-    monkeypatch.setattr(epochs, "simulated_efficiency", lambda *a: plans.append(1) or real(*a))
+    real = epochs.plan_point  # each candidate K is one planned epoch
+    monkeypatch.setattr(epochs, "plan_point", lambda *a: plans.append(1) or real(*a))
     # Targets exactly at scanned efficiencies test the boundary; the midpoints test between them.
     targets = [scan[k] for k in (2, 5, 9, 14)] + [(scan[3] + scan[4]) / 2, 0.5]
     for target in targets:

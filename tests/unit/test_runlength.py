@@ -11,11 +11,11 @@ from pipeline.core.runlength import RunLength, run_length
 @pytest.mark.parametrize(
     "spe, epochs, max_steps, accum, expect",
     [
-        (10, 2, None, 1, RunLength(10, 20, 20)),
-        (10, 2, None, 3, RunLength(10, 20, 4 + 4)),  # a group never spans an epoch boundary
-        (10, 3, 25, 4, RunLength(10, 25, 3 + 3 + 2)),  # cut at max_steps global steps
-        (10, 1, 5, 1, RunLength(10, 5, 5)),
-        (10, 2, 1000, 1, RunLength(10, 20, 20)),  # max_steps beyond the epochs: all epochs
+        (10, 2, None, 1, RunLength((10, 10), 20, 20)),
+        (10, 2, None, 3, RunLength((10, 10), 20, 4 + 4)),  # a group never spans an epoch boundary
+        (10, 3, 25, 4, RunLength((10, 10, 10), 25, 3 + 3 + 2)),  # cut at max_steps global steps
+        (10, 1, 5, 1, RunLength((10,), 5, 5)),
+        (10, 2, 1000, 1, RunLength((10, 10), 20, 20)),  # max_steps beyond the epochs: all epochs
     ],
 )
 def test_run_length(spe, epochs, max_steps, accum, expect):
@@ -32,3 +32,22 @@ def test_epochs_touched_counts_a_cut_last_epoch():
 def test_no_steps_is_refused():
     with pytest.raises(ValueError, match="steps_per_epoch must be >= 1"):
         run_length(0, TrainConfig())
+
+
+@pytest.mark.parametrize(
+    "planned, epochs, max_steps, accum, expect",
+    [
+        ([10, 11], 2, None, 3, RunLength((10, 11), 21, 4 + 4)),  # each epoch's own count
+        ([10, 11, 9], 3, 25, 4, RunLength((10, 11, 9), 25, 3 + 3 + 1)),  # cut in epoch 3
+        ([7], 2, 7, 2, RunLength((7,), 7, 4)),  # planned up to max_steps only
+        ([7, 8, 9], 2, None, 1, RunLength((7, 8), 15, 15)),  # extra counts beyond train.epochs
+    ],
+)
+def test_run_length_of_each_epochs_planned_steps(planned, epochs, max_steps, accum, expect):
+    got = run_length(planned, TrainConfig(epochs=epochs, max_steps=max_steps, grad_accum=accum))
+    assert got == expect
+
+
+def test_planned_steps_must_cover_the_run():
+    with pytest.raises(ValueError, match="covers 1 of the 2 epochs"):
+        run_length([7], TrainConfig(epochs=2))

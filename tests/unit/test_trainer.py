@@ -59,6 +59,39 @@ def test_contract7_resume_after_a_failure_trains_the_same_batches_and_weights(tm
     assert [n for n, _ in saver.reports] == [n for n, _ in ref_saver.reports]
 
 
+def test_contract7_resume_at_an_epoch_end_when_epochs_plan_different_step_counts(tmp_path):
+    # Greedy fill plans each epoch's own number of steps: a checkpoint at the end of a 5-step
+    # epoch 0 must resume at epoch 1 step 0 and train all 7 steps of epoch 1.
+    planned = (5, 7)
+    ref_saver = Saver(tmp_path / "ref")
+    ref = trainer(tmp_path / "ref", config(tmp_path / "ref"), ref_saver, planned=planned)
+    assert ref.total_steps == 12
+    assert ref.fit(batches_for(planned=planned), ListLogger()) == "done"
+
+    d = tmp_path / "run"
+    cfg = config(d, record_sample_ids=str(d / "ids"))
+    saver = Saver(d)
+    os.environ[FAIL_AT_STEP_ENV], os.environ[FAIL_MARKER_ENV] = "5", str(d / "failed")
+    try:
+        t = trainer(d, cfg, saver, recorder=SampleRecorder(str(d / "ids"), 0), planned=planned)
+        with pytest.raises(RuntimeError, match="injected failure after global step 5"):
+            t.fit(batches_for(planned=planned), ListLogger())
+        t = trainer(d, cfg, saver, recorder=SampleRecorder(str(d / "ids"), 0), planned=planned)
+        assert (t.position.epoch, t.position.next_step, t.steps_done) == (1, 0, 5)
+        assert t.fit(batches_for(planned=planned), ListLogger()) == "done"
+    finally:
+        del os.environ[FAIL_AT_STEP_ENV], os.environ[FAIL_MARKER_ENV]
+
+    recs = _jsonl(d / "ids" / "rank0.jsonl")
+    trained = [(r["epoch"], r["step"]) for r in recs if "ids" in r]
+    assert trained == [(0, s) for s in range(5)] + [(1, s) for s in range(7)]
+    a, b = ref_saver.latest(), saver.latest()
+    assert (b.position.epoch, b.position.next_step, b.position.steps_done) == (1, 7, 12)
+    assert b.position == a.position and b.counters == a.counters
+    for k in a.model:
+        torch.testing.assert_close(b.model[k], a.model[k], rtol=1e-5, atol=1e-6)
+
+
 def test_restarted_run_logs_each_step_once_into_one_wandb_id(tmp_path, monkeypatch):
     """A crash at step 4 after the step-3 checkpoint: steps 4 is trained again after the
     restart but logged once, and both attempts use the id derived from the run directory."""

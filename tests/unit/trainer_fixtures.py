@@ -31,14 +31,14 @@ def config(tmp: Path, **train) -> RunConfig:
     )
 
 
-def spec(tmp: Path, rank: int = 0, world: int = 1) -> RunSpec:
+def spec(tmp: Path, rank: int = 0, world: int = 1, planned=(STEPS, STEPS)) -> RunSpec:
     return RunSpec(
         rank=rank,
         world=world,
         device=torch.device("cpu"),
         edges=EDGES,
-        steps_per_epoch=STEPS,
-        epochs=[{"hash": f"h{e}", "metrics": {"epoch/steps": STEPS}} for e in range(2)],
+        steps_per_epoch=list(planned),
+        epochs=[{"hash": f"h{e}", "metrics": {"epoch/steps": n}} for e, n in enumerate(planned)],
         run_dir=str(tmp / "runs" / "run"),
     )
 
@@ -67,9 +67,9 @@ def micro_batch(epoch: int, step: int, rank: int = 0) -> MicroBatch:
     )
 
 
-def batches_for(rank: int = 0):
+def batches_for(rank: int = 0, planned=(STEPS, STEPS)):
     def batches(epoch: int, start: int):
-        return (micro_batch(epoch, s, rank) for s in range(start, STEPS))
+        return (micro_batch(epoch, s, rank) for s in range(start, planned[epoch]))
 
     return batches
 
@@ -90,7 +90,9 @@ class Saver:
         return load_checkpoint(names[-1], rank=rank) if names else None
 
 
-def trainer(tmp: Path, cfg: RunConfig, saver: Saver, rank=0, world=1, **kw) -> Trainer:
-    t = Trainer(cfg, spec(tmp, rank, world), save=saver, **kw)
+def trainer(
+    tmp: Path, cfg: RunConfig, saver: Saver, rank=0, world=1, planned=(STEPS, STEPS), **kw
+) -> Trainer:
+    t = Trainer(cfg, spec(tmp, rank, world, planned), save=saver, **kw)
     t.resume(saver.latest(rank))
     return t
