@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from pipeline.core.collate import IGNORE_INDEX
 from pipeline.data.footer import open_failed
 from pipeline.data.retry import INDEX_POLICY, is_transient, retrying
 
@@ -175,7 +176,7 @@ def _scan_row_group(t: pa.Table, file_idx: int, row0: int) -> dict:
         loffs, lraw, _, lnulls = _list_parts(_one(t["labels"]))
         lvals, lhuge = _as_int64(lraw)
         # -100 (IGNORE_INDEX) is allowed anywhere; map it to 0 so the range check ignores it.
-        lvals = np.where(lvals == -100, 0, lvals)
+        lvals = np.where(lvals == IGNORE_INDEX, 0, lvals)
         lab_min = _segment_reduce(np.minimum, lvals, loffs[:-1], loffs[1:], 0)
         lab_max = _segment_reduce(np.maximum, lvals, loffs[:-1], loffs[1:], 0)
         if lnulls is not None:
