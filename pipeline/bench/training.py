@@ -18,10 +18,10 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.core.config import TEAM_EDGES, load_config
+from pipeline.core.corpus import token_table
 from pipeline.core.epochs import resolve_edges
 from pipeline.core.synthetic import MAX_LEN, seed902k_lengths, synthetic_tokens
 
@@ -82,10 +82,7 @@ def write_scaled_corpus(
     for s, (lo, hi) in enumerate([(0, half), (half, num_samples)]):
         ids = np.arange(lo, hi, dtype=np.int64)
         values, offsets = synthetic_tokens(lengths[lo:hi], ids, vocab_size=vocab_size, seed=seed)
-        col = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values))
-        pq.write_table(
-            pa.table({"sample_id": pa.array(ids), "input_ids": col}), out / f"shard-{s:05d}.parquet"
-        )
+        pq.write_table(token_table(ids, values, offsets), out / f"shard-{s:05d}.parquet")
     marker.write_text(json.dumps(params))
     return out
 

@@ -29,6 +29,22 @@ MARKER = "_bucketray_synthetic.json"
 ROW_GROUP_ROWS = 16_384
 
 
+def token_table(sample_ids: np.ndarray, values: np.ndarray, offsets: np.ndarray) -> pa.Table:
+    """The shard layout every bucketray writer produces: `sample_id` int64 and `input_ids` as a
+    list of the token values (rows `offsets[i]:offsets[i+1]` of `values`; a shard past 2**31
+    tokens gets large_list, whose offsets are int64)."""
+    offsets = np.asarray(offsets, dtype=np.int64)
+    values = np.asarray(values)[offsets[0] : offsets[-1]]
+    offsets = offsets - offsets[0]
+    if offsets[-1] < 2**31:
+        col = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values))
+    else:
+        col = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values))
+    return pa.table(
+        {"sample_id": pa.array(np.asarray(sample_ids, dtype=np.int64)), "input_ids": col}
+    )
+
+
 def _params(preset: str, num_samples: int, shards: int, vocab_size: int, seed: int) -> dict:
     return {
         "version": 1,
@@ -97,12 +113,7 @@ def write_corpus(
         lo, hi = int(bounds[s]), int(bounds[s + 1])
         ids = np.arange(lo, hi, dtype=np.int64)
         values, offsets = synthetic_tokens(lengths[lo:hi], ids, vocab_size=vocab_size, seed=seed)
-        # list<int32> needs int32 offsets; a shard past 2**31 tokens needs large_list.
-        if offsets[-1] < 2**31:
-            col = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values))
-        else:
-            col = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values))
-        table = pa.table({"sample_id": pa.array(ids), "input_ids": col})
+        table = token_table(ids, values, offsets)
         path = out / f"shard-{s:05d}.parquet"
         pq.write_table(table, path, row_group_size=ROW_GROUP_ROWS)
         files.append(path.name)

@@ -38,6 +38,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.core.corpus import ROW_GROUP_ROWS, token_table
+
 __all__ = [
     "BYTE_VOCAB",
     "BOS_ID",
@@ -63,7 +65,6 @@ MANIFEST = "_manifest.parquet"
 SKIP_DIRS = frozenset(
     {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
 )
-ROW_GROUP_ROWS = 16_384
 
 
 @dataclass(frozen=True)
@@ -257,9 +258,7 @@ def write_text_corpus(
     bounds = np.linspace(0, n, shards + 1).round().astype(np.int64)
     for s in range(shards):
         lo, hi = int(bounds[s]), int(bounds[s + 1])
-        offs = (offsets[lo : hi + 1] - offsets[lo]).astype(np.int32)
-        col = pa.ListArray.from_arrays(pa.array(offs), pa.array(values[offsets[lo] : offsets[hi]]))
-        table = pa.table({"sample_id": pa.array(ids[lo:hi]), "input_ids": col})
+        table = token_table(ids[lo:hi], values, offsets[lo : hi + 1])
         pq.write_table(table, out / f"shard-{s:05d}.parquet", row_group_size=ROW_GROUP_ROWS)
     lengths = np.diff(offsets)
     manifest = pa.table(

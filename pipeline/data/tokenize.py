@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from pipeline.core.corpus import token_table
 from pipeline.core.textcorpus import stable_id
 from pipeline.data.index import filesystem_for
 
@@ -140,14 +141,10 @@ class TokenizeFiles:
         problems += [(rows[i], "empty", "no tokens") for i in np.flatnonzero(lengths == 0)]
         keep = np.flatnonzero(lengths > 0)
         if keep.size:
-            offsets = np.concatenate([[0], np.cumsum(lengths[keep])]).astype(np.int32)
+            offsets = np.concatenate([[0], np.cumsum(lengths[keep])])
             values = np.concatenate([ids[i] for i in keep])
-            table = pa.table(
-                {
-                    "sample_id": pa.array([stable_id(rel, rows[i]) for i in keep], pa.int64()),
-                    "input_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(values)),
-                }
-            )
+            sids = np.array([stable_id(rel, rows[i]) for i in keep], dtype=np.int64)
+            table = token_table(sids, values, offsets)
             ofs, out = filesystem_for(self.out)
             with ofs.open_output_stream(f"{out}/shard-{ordinal:05d}.parquet") as f:
                 pq.write_table(table, f)
