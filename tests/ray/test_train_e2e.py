@@ -13,6 +13,7 @@ from pipeline.core.config import ConfigError, validate
 from pipeline.learn.checkpoint import load_checkpoint
 from pipeline.learn.model import build_model
 from pipeline.train.launch import run
+from tests.helpers import tiny_raw as tiny_config
 
 pytestmark = pytest.mark.ray
 
@@ -36,27 +37,6 @@ EPOCH_METRICS = {
     "epoch/planned_padding_efficiency",
     "epoch/plan_hash",
 }
-
-
-def tiny_config(tmp: Path, **sections) -> dict:
-    """600 synthetic samples cut at 64 tokens, a 1-layer model: ~30 steps per epoch."""
-    cfg = {
-        "data": {
-            "synthetic": {"num_samples": 600, "shards": 2, "out_dir": str(tmp / "data")},
-            "max_length": 64,
-            "over_length": "truncate",
-        },
-        "buckets": {"num_buckets": 2},
-        "batching": {"token_budget": 1024},
-        "model": {"vocab_size": 64, "d_model": 32, "n_layers": 1, "n_heads": 2, "d_ff": 64},
-        "train": {"epochs": 2, "lr": 1e-2, "warmup_steps": 5, "log_every": 5},
-        "wandb": {"mode": "disabled"},
-        "scaling": {"num_workers": 2, "cpus_per_worker": 0.5},
-        "checkpoint": {"storage_path": str(tmp / "runs"), "every_steps": 20, "keep_last": 2},
-    }
-    for name, values in sections.items():
-        cfg[name] = {**cfg.get(name, {}), **values}
-    return cfg
 
 
 @pytest.fixture(scope="module")
