@@ -52,7 +52,7 @@ cfg["scaling"].update(num_workers=int(workers), use_gpu=use_gpu == "true", cpus_
 cfg["train"].update(bf16=bf16, max_steps=int(steps))
 cfg["batching"]["token_budget"] = int(budget)
 cfg["data"]["max_length"] = int(max_length)
-cfg["data"]["synthetic"].update(out_dir=f"{out}/data", num_samples=int(samples))
+cfg["data"]["synthetic"].update(preset="seed902k", out_dir=f"{out}/data", num_samples=int(samples))
 cfg["checkpoint"].update(storage_path=f"{out}/runs", run_name="gpu-smoke", every_steps=30)
 if dry == "1":
     cfg["scaling"]["cpus_per_worker"] = 0.5

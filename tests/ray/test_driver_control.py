@@ -83,6 +83,7 @@ def test_cli_with_a_dead_address_fails_in_one_line(monkeypatch, capsys, no_ray_i
 
 def _sets(tmp: Path, data: Path, **extra: str) -> list[str]:
     sets = {
+        "data.synthetic.preset": "seed902k",
         "data.synthetic.num_samples": "300",
         "data.synthetic.shards": "2",
         "data.synthetic.out_dir": str(data),
