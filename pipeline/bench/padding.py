@@ -15,22 +15,22 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from pipeline.core.buckets import optimize, optimize_all
-from pipeline.core.config import TEAM_EDGES, BatchingConfig, PlanConfig
+from pipeline.core.config import (
+    TEAM_EDGES,
+    Batching,
+    FixedBatching,
+    PlanConfig,
+    TokenBudgetBatching,
+)
 from pipeline.core.plan import epoch_plan
-from pipeline.core.report import auto_search, compare_policies
+from pipeline.core.report import auto_search, compare_policies, policy_label
 
 __all__ = ["BATCHINGS", "padding_table", "planning_costs", "median_time"]
 
 # "micro-batch 32" is the team's fixed batch; 65,536 padded tokens per step is the config default.
 BATCHINGS = {
-    "B32": BatchingConfig(mode="fixed", batch_size=32),
-    "T64K": BatchingConfig(mode="token_budget", token_budget=65_536),
-}
-LABELS = {
-    "sorted": "sorted-static",
-    "random": "random",
-    "megabatch": "megabatch (HF group_by_length)",
-    "edges:team": "team's six edges",
+    "B32": FixedBatching(batch_size=32),
+    "T64K": TokenBudgetBatching(token_budget=65_536),
 }
 
 
@@ -48,7 +48,7 @@ def padding_table(
     lengths: np.ndarray,
     *,
     ks: Sequence[int] = (6, 16, 32),
-    batchings: dict[str, BatchingConfig] = BATCHINGS,
+    batchings: dict[str, Batching] = BATCHINGS,
     target: float = 0.97,
     max_k: int = 64,
     seed: int = 0,
@@ -76,7 +76,7 @@ def padding_table(
             "policies": [
                 {
                     "name": s.name,
-                    "label": _label(s.name, auto.k),
+                    "label": policy_label(s.name, auto.k),
                     "efficiency": s.efficiency,
                     "vs_sorted": s.efficiency / sorted_eff,
                     "real_tokens": s.real_tokens,
@@ -90,19 +90,11 @@ def padding_table(
     return out
 
 
-def _label(name: str, auto_k: int) -> str:
-    if name == "optimal:auto":
-        return f"optimal edges, auto (K={auto_k})"
-    if name.startswith("optimal:"):
-        return f"optimal edges, K={name.split(':')[1]}"
-    return LABELS.get(name, name)
-
-
 def planning_costs(
     sizes: dict[str, np.ndarray],
     *,
     k: int = 32,
-    batching: BatchingConfig = BATCHINGS["T64K"],
+    batching: Batching = BATCHINGS["T64K"],
     world_size: int = 8,
     repeats: int = 3,
 ) -> dict:

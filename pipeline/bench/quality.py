@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from pipeline.core.config import BatchingConfig, PlanConfig
+from pipeline.core.config import Batching, PlanConfig
 from pipeline.core.metrics import BucketLossTracker, batch_recomposition, switch_rate
 from pipeline.core.plan import EpochPlan, epoch_plan
 from pipeline.core.report import megabatch_order
@@ -89,7 +89,7 @@ def _megabatch_recomposition(lengths: np.ndarray, batch_size: int, seed: int) ->
 def recomposition_table(
     lengths: np.ndarray,
     edge_sets: Mapping[str, Sequence[int]],
-    batching: BatchingConfig,
+    batching: Batching,
     *,
     seed: int = 0,
 ) -> list[dict]:

@@ -2,172 +2,69 @@
 
 from __future__ import annotations
 
-import warnings
-from enum import StrEnum
+import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
-    NonNegativeFloat,
     NonNegativeInt,
-    PositiveFloat,
     PositiveInt,
     ValidationError,
     field_validator,
     model_validator,
 )
 
+from pipeline.core import overrides as _overrides
+from pipeline.core.sections import (
+    Batching,
+    BatchingConfig,
+    Buckets,
+    BucketsConfig,
+    ConfigError,
+    DataConfig,
+    ExplicitBuckets,
+    FixedBatching,
+    OnBadRows,
+    OptimisedBuckets,
+    SyntheticConfig,
+    TokenBudgetBatching,
+    _Section,
+    parse_edges,
+)
+
 __all__ = [
     "ConfigError",
     "RunConfig",
+    "DataConfig",
+    "SyntheticConfig",
+    "OnBadRows",
+    "Batching",
+    "BatchingConfig",
+    "TokenBudgetBatching",
+    "FixedBatching",
+    "Buckets",
+    "BucketsConfig",
+    "ExplicitBuckets",
+    "OptimisedBuckets",
     "load_config",
     "apply_overrides",
     "parse_edges",
 ]
 
-# The team's measured run used these six buckets (DESIGN.md, "Shape").
+# The six bucket edges of the team's measured 902K-sample run (configs/dflash_902k.yaml).
 TEAM_EDGES = [0, 770, 1216, 1728, 2432, 3296, 8192]
-
-
-class ConfigError(ValueError):
-    """A configuration problem, phrased as: which field, what is wrong, how to fix it."""
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class OnBadRows(StrEnum):
-    error = "error"
-    quarantine = "quarantine"
-
-
-class SyntheticConfig(_Section):
-    preset: Literal["seed902k"] = Field(
-        "seed902k", description="Length distribution (DESIGN.md, seed-calibrated synthetic data)."
-    )
-    num_samples: PositiveInt = Field(20_000, description="Number of samples to generate.")
-    shards: PositiveInt = Field(4, description="Number of parquet shards to write.")
-    seed: NonNegativeInt = Field(0, description="Generator seed: same seed, same corpus.")
-    out_dir: str = Field(
-        "data/synthetic",
-        description="Where the corpus is written on first use (relative paths: from the working dir).",
-    )
-
-
-class DataConfig(_Section):
-    path: str | None = Field(
-        None,
-        description="Directory or URI (s3://, gs://, ...) of parquet shards. "
-        "Null: use the synthetic corpus described by data.synthetic.",
-    )
-    synthetic: SyntheticConfig = Field(
-        default_factory=SyntheticConfig, description="Synthetic corpus."
-    )
-    cache_dir: str | None = Field(
-        None,
-        description="Where the length index is cached; null: beside the data (<path>/_bucketray_index).",
-    )
-    max_length: PositiveInt = Field(
-        8192, description="Longest sample the model accepts, in tokens."
-    )
-    over_length: Literal["error", "truncate"] = Field(
-        "error",
-        description="Samples longer than the top bucket edge: stop with their ids, or truncate them.",
-    )
-    on_bad_rows: OnBadRows = Field(
-        OnBadRows.error,
-        description="Bad rows: `error` stops before training naming file, sample id and reason; "
-        "`quarantine` writes them to a quarantine parquet and counts them.",
-    )
-    quarantine_path: str | None = Field(
-        None, description="Quarantine parquet path; null: <cache dir>/quarantine.parquet."
-    )
-    pad_id: NonNegativeInt = Field(0, description="Token id written into padding slots.")
-    # Chapters (pipeline/core/chapters.py): 2**28 = chapters.DEFAULT_CHAPTER_TOKENS, chosen there.
-    chapter_tokens: PositiveInt | None = Field(
-        2**28,
-        description="Most real tokens one chapter (a run of consecutive global steps read, sorted "
-        "and held in the object store together) may hold; 2**28 int32 ids = 1 GiB. Null: no limit.",
-    )
-    chapter_steps: PositiveInt | None = Field(
-        None, description="Most global steps one chapter may hold. Null: no limit."
-    )
-
-
-class BucketsConfig(_Section):
-    edges: list[int] | None = Field(
-        None,
-        description="Explicit bucket edges [0, e1, ..., top]; bucket k holds lengths in (e_k, e_{k+1}]. "
-        "Null: optimise them from the data (buckets.num_buckets).",
-    )
-    num_buckets: PositiveInt | Literal["auto"] = Field(
-        "auto",
-        description="Number of optimal buckets, or `auto`: the smallest K whose simulated padding "
-        "efficiency reaches buckets.target_efficiency.",
-    )
-    target_efficiency: Annotated[float, Field(gt=0, le=1)] = Field(
-        0.97, description="Padding efficiency (real / padded tokens) that `auto` aims for."
-    )
-    max_buckets: Annotated[int, Field(ge=1, le=64)] = Field(
-        64, description="Upper bound on K for `auto`, and on any K."
-    )
-
-    @field_validator("edges")
-    @classmethod
-    def _edges_valid(cls, v: list[int] | None) -> list[int] | None:
-        if v is None:
-            return v
-        parse_edges(v)  # raises with a message naming the fix
-        return v
-
-    @model_validator(mode="after")
-    def _k_in_range(self) -> BucketsConfig:
-        if isinstance(self.num_buckets, int) and self.num_buckets > self.max_buckets:
-            raise ValueError(
-                f"buckets.num_buckets={self.num_buckets} exceeds buckets.max_buckets={self.max_buckets}: "
-                "lower num_buckets or raise max_buckets (at most 64)"
-            )
-        return self
-
-
-class BatchingConfig(_Section):
-    mode: Literal["token_budget", "fixed"] = Field(
-        "token_budget",
-        description="`token_budget`: a bucket's global batch is token_budget // upper_edge samples; "
-        "`fixed`: every global batch has batch_size samples.",
-    )
-    token_budget: PositiveInt = Field(
-        65_536,
-        description="Padded tokens per GLOBAL step (all ranks together), so the global batch does not "
-        "depend on the world size (contract 8). Per-rank memory ~ token_budget / world_size.",
-    )
-    batch_size: PositiveInt = Field(32, description="Samples per GLOBAL step in `fixed` mode.")
-    round_to: NonNegativeInt = Field(
-        8,
-        description="Round a token-budget batch size down to a multiple of this (0 or 1: no rounding).",
-    )
-    pad_to_multiple_of: PositiveInt = Field(
-        8,
-        description="Padded length is the batch max rounded up to this, never beyond the bucket's upper edge.",
-    )
-    drop_remainder: bool = Field(
-        False,
-        description="Drop each bucket's last partial global batch (lossy; off by default, contract 4).",
-    )
 
 
 class PlanConfig(_Section):
     policy: Literal["bucketed", "sorted", "random"] = Field(
         "bucketed",
         description="bucketed: the epoch-seeded bucketed shuffle (this project). Baselines for "
-        "comparison: sorted = all samples sorted by length into fixed batches (frozen composition, "
-        "batch order reshuffled per epoch); random = one epoch-seeded permutation of all samples. "
-        "Both baselines use one bucket up to the top edge.",
+        "comparison: sorted = a static plan, all samples sorted by length and cut into batches, "
+        "the same batches in the same order every epoch (plan.longest_first moves the longest "
+        "to the front); random = one epoch-seeded permutation of all samples. Both baselines use "
+        "one bucket up to the top edge.",
     )
     seed: NonNegativeInt = Field(
         0, description="Run seed; epoch orders come from (seed, epoch, bucket)."
@@ -209,27 +106,38 @@ class ModelConfig(_Section):
         return self
 
 
+# Finite floats: `.inf` or `.nan` in a config is a mistake, never a setting.
+_FiniteNonNeg = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+_Beta = Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)]
+
+
 class TrainConfig(_Section):
+    """Optimisation. Units: a GLOBAL step is one step of the epoch plan (every rank trains one
+    micro-batch); an OPTIMIZER step is `grad_accum` global steps (never spanning two epochs).
+    pipeline.core.runlength.run_length converts between them."""
+
     epochs: PositiveInt = Field(1, description="Epochs to train.")
     max_steps: PositiveInt | None = Field(
-        None, description="Stop after this many global steps in total (null: all epochs)."
+        None, description="Stop after this many GLOBAL steps in total (null: all epochs)."
     )
-    lr: PositiveFloat = Field(6e-4, description="Peak learning rate.")
+    lr: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
+        6e-4, description="Peak learning rate (finite, > 0)."
+    )
     warmup_steps: NonNegativeInt | None = Field(
-        None, description="Linear warmup steps (or warmup_ratio)."
+        None, description="Linear warmup, in OPTIMIZER steps (or warmup_ratio)."
     )
     warmup_ratio: Annotated[float, Field(ge=0, le=1)] | None = Field(
-        None, description="Warmup as a fraction of total steps (or warmup_steps)."
+        None, description="Warmup as a fraction of the run's OPTIMIZER steps (or warmup_steps)."
     )
     schedule: Literal["cosine", "constant"] = Field("cosine", description="Decay after warmup.")
     min_lr_ratio: Annotated[float, Field(ge=0, le=1)] = Field(
         0.1, description="Cosine floor as a fraction of lr."
     )
-    weight_decay: NonNegativeFloat = Field(0.1, description="AdamW weight decay.")
-    betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas.")
-    grad_clip: NonNegativeFloat = Field(1.0, description="Max global grad norm (0: no clipping).")
-    grad_accum: PositiveInt = Field(1, description="Global steps accumulated per optimizer step.")
-    log_every: PositiveInt = Field(10, description="Log metrics every N global steps.")
+    weight_decay: _FiniteNonNeg = Field(0.1, description="AdamW weight decay (finite, >= 0).")
+    betas: tuple[_Beta, _Beta] = Field((0.9, 0.95), description="AdamW betas, each in [0, 1).")
+    grad_clip: _FiniteNonNeg = Field(1.0, description="Max global grad norm (0: no clipping).")
+    grad_accum: PositiveInt = Field(1, description="GLOBAL steps accumulated per OPTIMIZER step.")
+    log_every: PositiveInt = Field(10, description="Log metrics every N GLOBAL steps.")
     bf16: Literal["auto", "on", "off"] = Field(
         "auto", description="bf16 autocast: auto = on for GPU."
     )
@@ -254,7 +162,7 @@ class TrainConfig(_Section):
         return self
 
     def warmup_for(self, total_steps: int) -> int:
-        """Warmup steps for a run of `total_steps` optimizer steps."""
+        """Warmup optimizer steps for a run of `total_steps` optimizer steps."""
         if self.warmup_steps is not None:
             return self.warmup_steps
         if self.warmup_ratio is not None:
@@ -281,7 +189,7 @@ class ScalingConfig(_Section):
     use_gpu: bool = Field(
         False, description="One GPU per worker, NCCL; else CPU workers with gloo."
     )
-    cpus_per_worker: PositiveFloat = Field(
+    cpus_per_worker: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
         1.0, description="CPUs reserved per worker (fractions allowed)."
     )
     min_workers: PositiveInt | None = Field(
@@ -319,21 +227,40 @@ class CheckpointConfig(_Section):
     )
     run_name: str = Field(
         "bucketray-local",
-        description="Run name; resubmitting with the same name resumes from its latest checkpoint.",
+        description="Run name, one directory under storage_path (letters, digits, '.', '_', '-'; "
+        "starting with a letter or digit); resubmitting with the same name resumes from its "
+        "latest checkpoint.",
     )
     every_steps: PositiveInt | None = Field(
-        200, description="Checkpoint every N global steps (null: only at epoch end)."
+        200, description="Checkpoint every N GLOBAL steps (null: only at epoch end)."
     )
     keep_last: PositiveInt = Field(3, description="Checkpoints to keep.")
     max_failures: NonNegativeInt = Field(2, description="Worker-group restarts Ray Train may do.")
+
+    @field_validator("run_name")
+    @classmethod
+    def _one_path_component(cls, v: str) -> str:
+        if not _RUN_NAME.fullmatch(v):
+            raise ValueError(
+                f"checkpoint.run_name={v!r} must be one directory name: letters, digits, '.', '_' "
+                "or '-', starting with a letter or digit, at most 128 characters (e.g. dflash-902k)"
+            )
+        return v
+
+
+_RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 class RunConfig(_Section):
     """The whole run. Validated once on the driver, re-validated in each worker."""
 
-    data: DataConfig = Field(default_factory=DataConfig, description="Input data.")
-    buckets: BucketsConfig = Field(default_factory=BucketsConfig, description="Length buckets.")
-    batching: BatchingConfig = Field(default_factory=BatchingConfig, description="Batch sizing.")
+    data: DataConfig = Field(description="Input data (data.path or data.synthetic).")
+    buckets: Buckets = Field(
+        default_factory=OptimisedBuckets, description="Length buckets: edges, or optimised."
+    )
+    batching: Batching = Field(
+        default_factory=TokenBudgetBatching, description="Batch sizing: token_budget or fixed."
+    )
     plan: PlanConfig = Field(default_factory=PlanConfig, description="Epoch plan.")
     model: ModelConfig = Field(default_factory=ModelConfig, description="Model.")
     train: TrainConfig = Field(default_factory=TrainConfig, description="Optimisation.")
@@ -343,6 +270,14 @@ class RunConfig(_Section):
         default_factory=CheckpointConfig, description="Checkpoints."
     )
 
+    def top_edge_bound(self) -> tuple[int, str]:
+        """The largest the top bucket edge can be, and the setting that says so."""
+        if self.buckets.edges is not None:
+            top = int(self.buckets.edges[-1])
+            return top, f"the top edge of buckets.edges ({top})"
+        top = int(self.data.max_length)
+        return top, f"data.max_length={top} (the top edge of optimised buckets)"
+
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:
         edges = self.buckets.edges
@@ -351,89 +286,74 @@ class RunConfig(_Section):
                 f"buckets.edges top edge {edges[-1]} exceeds data.max_length={self.data.max_length}: "
                 "lower the top edge or raise data.max_length"
             )
-        return self
-
-    def warn_inert_knobs(self) -> list[str]:
-        """Warn about settings that have no effect in the chosen mode; returns the messages."""
-        msgs = []
-        fields = self.batching.model_fields_set
-        if self.batching.mode == "fixed" and "token_budget" in fields:
-            msgs.append("batching.token_budget has no effect with batching.mode=fixed")
-        if self.batching.mode == "token_budget" and "batch_size" in fields:
-            msgs.append("batching.batch_size has no effect with batching.mode=token_budget")
-        if self.buckets.edges is not None and "num_buckets" in self.buckets.model_fields_set:
-            msgs.append("buckets.num_buckets has no effect when buckets.edges is given")
-        if self.scaling.min_workers is not None and self.plan.on_world_size_change == "refuse":
-            msgs.append(
-                "scaling.min_workers lets Ray Train resize the run, but "
-                "plan.on_world_size_change=refuse will stop a resized resume"
+        top, what = self.top_edge_bound()
+        b = self.batching
+        if isinstance(b, TokenBudgetBatching) and b.token_budget < top:
+            raise ValueError(
+                f"batching.token_budget={b.token_budget} is below {what}: a global batch must "
+                f"hold one longest sample; raise batching.token_budget to >= {top} or lower the "
+                "top edge"
             )
-        if self.data.path is not None and "synthetic" in self.data.model_fields_set:
-            msgs.append("data.synthetic has no effect when data.path is set")
-        for m in msgs:
-            warnings.warn(m, stacklevel=2)
-        return msgs
-
-
-def parse_edges(edges: Any) -> list[int]:
-    """Validate bucket edges: [0, e1, ..., top], integers, strictly increasing, at least one bucket."""
-    if isinstance(edges, str):
-        try:
-            edges = [int(x) for x in edges.replace(" ", "").strip("[]").split(",") if x]
-        except ValueError as e:
-            raise ConfigError(
-                f"buckets.edges must be comma-separated integers: got {edges!r}"
-            ) from e
-    edges = list(edges)
-    if len(edges) < 2:
-        raise ConfigError(f"buckets.edges needs at least two values [0, top]: got {edges}")
-    if any(int(e) != e for e in edges):
-        raise ConfigError(f"buckets.edges must be integers: got {edges}")
-    edges = [int(e) for e in edges]
-    if edges[0] != 0:
-        raise ConfigError(f"buckets.edges must start at 0: got {edges}; prepend 0")
-    if any(b <= a for a, b in zip(edges, edges[1:], strict=False)):
-        raise ConfigError(f"buckets.edges must be strictly increasing: got {edges}")
-    return edges
+        if self.scaling.min_workers is not None and self.plan.on_world_size_change == "refuse":
+            raise ValueError(
+                f"scaling.min_workers={self.scaling.min_workers} lets Ray Train resize the run, but "
+                "plan.on_world_size_change=refuse stops a resized resume: remove scaling.min_workers "
+                "or set plan.on_world_size_change=keep_order"
+            )
+        return self
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
-    """Apply `a.b=c` overrides (values parsed as YAML) to a nested dict, returning a new dict."""
-    out = _deepcopy(raw)
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set train.lr=3e-4")
-        key, value = item.split("=", 1)
-        parts = key.strip().split(".")
-        node = out
-        for p in parts[:-1]:
-            nxt = node.setdefault(p, {})
-            if not isinstance(nxt, dict):
-                raise ConfigError(f"--set {key}: {p} is not a section")
-            node = nxt
-        node[parts[-1]] = yaml.safe_load(value)
-    return out
+    """Apply `a.b=c` overrides to a nested dict, each value coerced to its field's type
+    (pipeline.core.overrides), returning a new dict."""
+    try:
+        return _overrides.apply_overrides(raw, overrides, RunConfig)
+    except _overrides.OverrideError as e:
+        raise ConfigError(str(e)) from None
 
 
-def _deepcopy(d: Any) -> Any:
-    if isinstance(d, dict):
-        return {k: _deepcopy(v) for k, v in d.items()}
-    if isinstance(d, list):
-        return [_deepcopy(v) for v in d]
-    return d
+# Tags of the discriminated sections' variants: pydantic puts them in error locations.
+_VARIANT_TAGS = {"buckets": {"explicit", "optimised"}, "batching": {"token_budget", "fixed"}}
+
+
+_RANGE_ERRORS = {
+    "finite_number",
+    "greater_than",
+    "greater_than_equal",
+    "less_than",
+    "less_than_equal",
+    "int_parsing",
+    "int_from_float",
+    "float_parsing",
+    "literal_error",
+    "bool_parsing",
+}
+
+
+def _error_line(e: dict) -> str:
+    parts = [str(p) for p in e["loc"]]
+    if len(parts) > 1 and parts[1] in _VARIANT_TAGS.get(parts[0], ()):
+        parts.pop(1)
+    loc = ".".join(parts)
+    msg = e["msg"].removeprefix("Value error, ")
+    if e["type"] == "extra_forbidden":
+        msg = "unknown field; check the spelling (see configs/local.yaml for every field)"
+    elif e["type"] == "missing" and loc == "data":
+        msg = "required section is missing: give data.path or a data.synthetic section"
+    elif e["type"] == "missing":
+        msg = "required field is missing"
+    elif e["type"] == "union_tag_invalid":
+        tags = e["ctx"]["expected_tags"]
+        return f"{loc}.mode={e['ctx']['tag']!r} is not a mode: choose one of {tags}"
+    if parts and msg.startswith(tuple(f"{parts[0]}{c}" for c in ".: ")):
+        return msg  # the message already names its field
+    if e["type"] in _RANGE_ERRORS:
+        msg = f"{msg}, got {e['input']!r}"
+    return f"{loc}: {msg}" if loc else msg
 
 
 def _format_validation_error(err: ValidationError) -> str:
-    lines = []
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"])
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "unknown field; check the spelling (see configs/local.yaml for every field)"
-        elif e["type"] == "missing":
-            msg = "required field is missing"
-        lines.append(f"{loc}: {msg}" if loc else msg)
-    return "invalid config: " + "; ".join(lines)
+    return "invalid config: " + "; ".join(_error_line(e) for e in err.errors())
 
 
 def validate(raw: dict) -> RunConfig:

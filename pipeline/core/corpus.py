@@ -1,8 +1,8 @@
-"""Write the seed-calibrated synthetic corpus (DESIGN.md) as parquet shards, deterministically.
+"""Write the seed-calibrated synthetic corpus as parquet shards, deterministically.
 
 Lengths come from `synthetic.seed902k_lengths`, token ids from `synthetic.synthetic_tokens` called
-once per shard (one vectorized expression), so the full 902,087-sample preset (~1.06B tokens) is
-generation- and disk-bound: about a minute on two cores. Sample ids are the global row numbers
+once per shard (one vectorized expression), so writing the full 902,087-sample preset (~1.06B
+tokens) is bound by generation and disk, not Python. Sample ids are the global row numbers
 0..N-1, written as the `sample_id` column. A marker file records the parameters so a second call
 with the same ones is a no-op and a call with different ones rewrites only files we wrote.
 """

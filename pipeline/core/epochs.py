@@ -13,7 +13,7 @@ import warnings
 import numpy as np
 
 from pipeline.core.buckets import optimize, optimize_all, validate_edges
-from pipeline.core.config import BatchingConfig, PlanConfig, RunConfig
+from pipeline.core.config import Batching, PlanConfig, RunConfig
 from pipeline.core.metrics import padding_efficiency
 from pipeline.core.plan import EpochPlan, epoch_plan
 
@@ -21,7 +21,7 @@ __all__ = ["resolve_edges", "auto_edges", "simulated_efficiency", "epoch_plan_fo
 
 
 def simulated_efficiency(
-    lengths: np.ndarray, edges, batching: BatchingConfig, plan_cfg: PlanConfig, world_size: int
+    lengths: np.ndarray, edges, batching: Batching, plan_cfg: PlanConfig, world_size: int
 ) -> float:
     """Real / padded tokens of epoch 0 planned with `edges`, batch-max padding per micro-batch."""
     plan = epoch_plan(
@@ -40,7 +40,7 @@ def simulated_efficiency(
 
 def auto_edges(
     lengths: np.ndarray,
-    batching: BatchingConfig,
+    batching: Batching,
     plan_cfg: PlanConfig,
     target: float,
     max_k: int,

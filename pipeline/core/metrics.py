@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["micro_batch_padded", "padding_efficiency", "BucketLossTracker"]
+__all__ = [
+    "micro_batch_padded",
+    "padding_efficiency",
+    "truncation_counts",
+    "BucketLossTracker",
+]
 
 
 def micro_batch_padded(
@@ -34,6 +39,20 @@ def padding_efficiency(
     return float(real / padded) if padded else 1.0
 
 
+def truncation_counts(lengths: np.ndarray, top: int) -> dict[str, int]:
+    """What cutting samples at `top` tokens (data.over_length=truncate) removes, from the samples'
+    full lengths: `truncated_samples` (samples longer than `top`), `truncated_tokens` (tokens cut
+    off them) and `tokens` (all tokens before the cut)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    over = lengths - top
+    cut = over[over > 0]
+    return {
+        "truncated_samples": int(cut.size),
+        "truncated_tokens": int(cut.sum()),
+        "tokens": int(lengths.sum()),
+    }
+
+
 class BucketLossTracker:
     """Per-bucket loss offsets and the bucket-debiased step loss.
 
@@ -43,9 +62,9 @@ class BucketLossTracker:
     are relative to the level, so a falling loss does not make them stale; they are shrunk towards
     0 by n / (n + prior_visits) until a bucket has been seen often enough to trust, and centred so
     their visit-weighted mean is 0. The debiased loss is the step loss minus its bucket's offset
-    from before this step. Measured (BENCHMARKS.md, and tests/unit/test_metrics.py): with real
-    offsets the debiased curve's step-to-step variance drops 30x; where buckets barely differ, it
-    stays within a few times the raw one in short runs, instead of adding the offsets' own noise.
+    from before this step. With real offsets the debiased curve's step-to-step variance drops well
+    below the raw one; where buckets barely differ, it adds little noise of its own
+    (tests/unit/test_metrics.py checks both; BENCHMARKS.md has measured figures).
     """
 
     def __init__(self, num_buckets: int, decay: float = 0.9, prior_visits: float = 8.0):

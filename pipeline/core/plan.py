@@ -17,13 +17,15 @@ from functools import cached_property
 import numpy as np
 
 from pipeline.core.buckets import assign
-from pipeline.core.config import BatchingConfig, PlanConfig
+from pipeline.core.config import Batching, PlanConfig
 
 __all__ = [
     "EpochPlan",
     "RankView",
     "epoch_plan",
     "global_batch_sizes",
+    "length_order",
+    "split_offsets",
     "steps_per_epoch",
     "INTERLEAVE_STREAM",
 ]
@@ -34,7 +36,7 @@ INTERLEAVE_STREAM = 2**31 - 1
 PLAN_VERSION = 1
 
 
-def global_batch_sizes(edges, batching: BatchingConfig) -> np.ndarray:
+def global_batch_sizes(edges, batching: Batching) -> np.ndarray:
     """Samples per global step for each bucket (contract 2), independent of the world size."""
     uppers = np.asarray(edges, dtype=np.int64)[1:]
     if batching.mode == "fixed":
@@ -47,6 +49,21 @@ def global_batch_sizes(edges, batching: BatchingConfig) -> np.ndarray:
     return g
 
 
+def split_offsets(step_offsets: np.ndarray, world_size: int) -> np.ndarray:
+    """[S, world_size + 1] boundaries of each rank's micro-batch within each global batch
+    (np.array_split's rule: the first `n % world_size` ranks get one sample more)."""
+    step_offsets = np.asarray(step_offsets, dtype=np.int64)
+    n = np.diff(step_offsets)[:, None]
+    r = np.arange(world_size + 1)[None, :]
+    q, rem = n // world_size, n % world_size
+    return step_offsets[:-1, None] + r * q + np.minimum(r, rem)
+
+
+def length_order(lengths: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Positions of the samples by ascending length, ties by sample id: the sorted baseline."""
+    return np.lexsort((ids, lengths))
+
+
 def _bucket_counts(bucket: np.ndarray, num_buckets: int) -> np.ndarray:
     return np.bincount(bucket, minlength=num_buckets).astype(np.int64)
 
@@ -55,7 +72,7 @@ def _batches_per_bucket(counts: np.ndarray, g: np.ndarray, drop_remainder: bool)
     return counts // g if drop_remainder else -(-counts // g)
 
 
-def steps_per_epoch(lengths: np.ndarray, edges, batching: BatchingConfig) -> int:
+def steps_per_epoch(lengths: np.ndarray, edges, batching: Batching) -> int:
     """Global steps in one epoch; the same for every epoch and every world size."""
     counts = _bucket_counts(assign(lengths, edges), len(edges) - 1)
     return int(
@@ -108,11 +125,8 @@ class EpochPlan:
 
     @cached_property
     def micro_offsets(self) -> np.ndarray:
-        """[S, world_size + 1] boundaries of each rank's micro-batch (np.array_split rule)."""
-        n = np.diff(self.step_offsets)[:, None]
-        r = np.arange(self.world_size + 1)[None, :]
-        q, rem = n // self.world_size, n % self.world_size
-        return self.step_offsets[:-1, None] + r * q + np.minimum(r, rem)
+        """[S, world_size + 1] boundaries of each rank's micro-batch (`split_offsets`)."""
+        return split_offsets(self.step_offsets, self.world_size)
 
     def rank_view(self, rank: int) -> RankView:
         """Rank `rank`'s micro-batches, in step order (empty ones included)."""
@@ -302,7 +316,7 @@ def epoch_plan(
     seed: int,
     epoch: int,
     world_size: int,
-    batching: BatchingConfig,
+    batching: Batching,
     plan: PlanConfig | None = None,
     sample_ids: np.ndarray | None = None,
 ) -> EpochPlan:
@@ -330,7 +344,7 @@ def epoch_plan(
     starts = np.concatenate([[0], np.cumsum(counts)])
     if plan.policy == "sorted":
         # Static baseline: length order (ties by id), the same batches every epoch.
-        order = np.lexsort((ids, lengths))
+        order = length_order(lengths, ids)
     else:
         for k in range(K):
             if counts[k] > 1:

@@ -19,13 +19,21 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from pipeline.core.buckets import EdgeTable, optimize_all, padded_to_edges
-from pipeline.core.config import TEAM_EDGES, BatchingConfig, PlanConfig
+from pipeline.core.config import TEAM_EDGES, Batching, PlanConfig
 from pipeline.core.epochs import auto_edges, simulated_efficiency
 from pipeline.core.metrics import micro_batch_padded
-from pipeline.core.plan import EpochPlan, epoch_plan, global_batch_sizes
+from pipeline.core.plan import (
+    EpochPlan,
+    epoch_plan,
+    global_batch_sizes,
+    length_order,
+    split_offsets,
+)
 
 __all__ = [
     "MEGABATCH_MULT",
+    "POLICY_LABELS",
+    "policy_label",
     "PolicyScore",
     "AutoResult",
     "fixed_batch_size",
@@ -39,6 +47,7 @@ __all__ = [
     "bucket_rows",
     "build_report",
     "render_text",
+    "truncation_line",
     "plot_report",
 ]
 
@@ -49,6 +58,22 @@ MEGABATCH_MULT = 50
 # (seed, epoch, bucket) or (seed, epoch, INTERLEAVE_STREAM) generators.
 _RANDOM_STREAM, _MEGABATCH_STREAM = 0x52414E44, 0x4D454741
 DEFAULT_COMPARE_KS = (6, 16, 32, 64)
+# Readable names of the policies in reports, tables and plots.
+POLICY_LABELS = {
+    "sorted": "sorted-static",
+    "random": "random",
+    "megabatch": "megabatch (HF group_by_length)",
+    "edges:team": "team's six edges",
+}
+
+
+def policy_label(name: str, auto_k: int | None = None) -> str:
+    """A policy's readable name: `optimal:K` -> "optimal edges, K=K", `optimal:auto` with its K."""
+    if name == "optimal:auto":
+        return f"optimal edges, auto (K={auto_k})" if auto_k else "optimal edges, auto"
+    if name.startswith("optimal:"):
+        return f"optimal edges, K={name.split(':')[1]}"
+    return POLICY_LABELS.get(name, name)
 
 
 @dataclass(frozen=True)
@@ -78,7 +103,7 @@ class AutoResult:
     below: float | None  # efficiency at K - 1 (None for K = 1); < target when the search is sound
 
 
-def fixed_batch_size(lengths: np.ndarray, batching: BatchingConfig) -> int:
+def fixed_batch_size(lengths: np.ndarray, batching: Batching) -> int:
     """Global samples per step for the non-bucketed policies (sorted, random, megabatch).
 
     `fixed` mode: `batching.batch_size`, the same B as the bucketed plan. `token_budget` mode: a
@@ -93,8 +118,10 @@ def fixed_batch_size(lengths: np.ndarray, batching: BatchingConfig) -> int:
 
 
 def sorted_order(lengths: np.ndarray) -> np.ndarray:
-    """All samples by ascending length: adjacent batches share lengths (the static upper bound)."""
-    return np.argsort(np.asarray(lengths), kind="stable")
+    """All samples by ascending length, ties by position: the plan's sorted baseline
+    (`pipeline.core.plan.length_order`), adjacent batches sharing lengths (the static upper bound)."""
+    lengths = np.asarray(lengths)
+    return length_order(lengths, np.arange(lengths.size))
 
 
 def random_order(lengths: np.ndarray, seed: int = 0) -> np.ndarray:
@@ -133,12 +160,9 @@ def megabatch_order(
 
 
 def _micro_offsets(global_sizes: np.ndarray, world_size: int) -> np.ndarray:
-    """Flat offsets of every (step, rank) micro-batch, split like `EpochPlan.micro_offsets`."""
-    g = np.asarray(global_sizes, dtype=np.int64)
-    step_offsets = np.concatenate([[0], np.cumsum(g)])
-    r = np.arange(world_size + 1)[None, :]
-    q, rem = g[:, None] // world_size, g[:, None] % world_size
-    mo = step_offsets[:-1, None] + r * q + np.minimum(r, rem)
+    """Flat offsets of every (step, rank) micro-batch, split by the plan's rule (`split_offsets`)."""
+    step_offsets = np.concatenate([[0], np.cumsum(np.asarray(global_sizes, dtype=np.int64))])
+    mo = split_offsets(step_offsets, world_size)
     return np.concatenate([mo[:, :-1].ravel(), step_offsets[-1:]])
 
 
@@ -176,7 +200,7 @@ def compare_policies(
     lengths: np.ndarray,
     edge_sets: Mapping[str, Sequence[int]],
     *,
-    batching: BatchingConfig,
+    batching: Batching,
     world_size: int = 1,
     seed: int = 0,
     epoch: int = 0,
@@ -209,7 +233,7 @@ def compare_policies(
 
 def auto_search(
     lengths: np.ndarray,
-    batching: BatchingConfig,
+    batching: Batching,
     *,
     target: float = 0.97,
     max_k: int = 64,
@@ -239,7 +263,7 @@ def auto_search(
     return AutoResult(k, edges, eff, target, eff >= target, below)
 
 
-def bucket_rows(plan: EpochPlan, batching: BatchingConfig) -> list[dict]:
+def bucket_rows(plan: EpochPlan, batching: Batching) -> list[dict]:
     """Per bucket: edges, samples, tokens, steps, global and per-rank batch size, and the padding
     cost of padding every sample to the upper edge."""
     s = plan.summary()
@@ -290,7 +314,7 @@ def _timed(log: Callable[[str], None], what: str, fn: Callable):
 def build_report(
     lengths: np.ndarray,
     *,
-    batching: BatchingConfig,
+    batching: Batching,
     edges: Sequence[int] | None = None,
     num_buckets: int | str = "auto",
     target: float = 0.97,
@@ -446,6 +470,16 @@ def build_report(
     return report, the_plan
 
 
+def truncation_line(t: dict) -> str:
+    """One line on what truncation at the top edge cuts (`pipeline.core.metrics.truncation_counts`
+    plus the `top` it cut at); the lengths above are after the cut."""
+    share = t["truncated_tokens"] / t["tokens"] if t["tokens"] else 0.0
+    return (
+        f"truncated at {t['top']}: {t['truncated_samples']:,} samples, "
+        f"{t['truncated_tokens']:,} tokens ({share:.1%} of {t['tokens']:,})"
+    )
+
+
 def render_text(report: dict) -> str:
     """The report as a readable plain-text table."""
     L, b, ch = report["lengths"], report["batching"], report["chosen"]
@@ -454,6 +488,8 @@ def render_text(report: dict) -> str:
         f"samples {L['samples']:,}  tokens {L['tokens']:,}  length min {L['min']} p50 {L['p50']:.0f} "
         f"p90 {L['p90']:.0f} p99 {L['p99']:.0f} max {L['max']} mean {L['mean']:.0f}"
     )
+    if "truncation" in report:
+        out.append(truncation_line(report["truncation"]))
     if b["mode"] == "fixed":
         sizing = f"fixed batch {b['batch_size']} (global)"
     else:

@@ -31,8 +31,8 @@ import pyarrow.parquet as pq
 from pipeline.core.collate import collate
 from pipeline.core.config import RunConfig
 from pipeline.core.epochs import epoch_plan_for
-from pipeline.data.index import DataError, LengthIndex, filesystem_for
 from pipeline.core.plan import RankView
+from pipeline.data.index import DataError, LengthIndex, filesystem_for
 
 if TYPE_CHECKING:
     import torch

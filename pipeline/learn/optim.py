@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from pipeline.core.config import TrainConfig
+from pipeline.core.runlength import run_length
 
 __all__ = ["build_optimizer", "build_scheduler", "lr_factor", "optimizer_steps"]
 
@@ -54,11 +55,5 @@ def build_scheduler(
 
 
 def optimizer_steps(steps_per_epoch: int, cfg: TrainConfig) -> int:
-    """Optimizer steps of the whole run: global steps grouped by train.grad_accum, a group never
-    spanning an epoch boundary, the run cut at train.max_steps global steps."""
-    total = steps_per_epoch * cfg.epochs
-    if cfg.max_steps is not None:
-        total = min(total, cfg.max_steps)
-    full_epochs, rest = divmod(total, steps_per_epoch)
-    per_epoch = -(-steps_per_epoch // cfg.grad_accum)
-    return full_epochs * per_epoch + -(-rest // cfg.grad_accum)
+    """Optimizer steps of the whole run (pipeline.core.runlength.run_length owns the rule)."""
+    return run_length(steps_per_epoch, cfg).optimizer_steps

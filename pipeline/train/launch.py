@@ -9,7 +9,6 @@ resumes: Ray Train hands the loop its latest checkpoint.
 
 from __future__ import annotations
 
-import math
 import os
 import time
 import uuid
@@ -21,6 +20,7 @@ import numpy as np
 from pipeline.core.config import ConfigError, RunConfig
 from pipeline.core.metrics import padding_efficiency
 from pipeline.core.plan import EpochPlan, steps_per_epoch
+from pipeline.core.runlength import run_length
 from pipeline.learn.checkpoint import SAVE_FAIL_ENV
 from pipeline.train.loop import (
     FAIL_AT_STEP_ENV,
@@ -134,7 +134,6 @@ def run(cfg: RunConfig) -> TrainSummary:
     )
 
     t0 = time.perf_counter()
-    cfg.warn_inert_knobs()
     _init_ray()
     world = cfg.scaling.num_workers
 
@@ -147,9 +146,10 @@ def run(cfg: RunConfig) -> TrainSummary:
             f"no training steps: {len(index.lengths)} valid samples under buckets {edges} "
             "(with batching.drop_remainder, every bucket may be smaller than one global batch)"
         )
-    total = min(S * cfg.train.epochs, cfg.train.max_steps or S * cfg.train.epochs)
+    length = run_length(S, cfg.train)
+    total = length.global_steps
     epochs = []
-    for e in range(math.ceil(total / S)):
+    for e in range(length.epochs):
         plan = epoch_plan_for(cfg, index, edges, e, world)
         epochs.append(
             {

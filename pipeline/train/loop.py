@@ -30,6 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 from pipeline.core.collate import IGNORE_INDEX
 from pipeline.core.config import RunConfig
 from pipeline.core.metrics import BucketLossTracker
+from pipeline.core.runlength import run_length
 from pipeline.learn.checkpoint import (
     DataPosition,
     TrainState,
@@ -43,7 +44,7 @@ from pipeline.learn.checkpoint import (
 from pipeline.learn.logger import MetricLogger, make_logger, new_run_id
 from pipeline.learn.loss import ddp_loss_scale, supervised_tokens, token_sums
 from pipeline.learn.model import build_model
-from pipeline.learn.optim import build_optimizer, build_scheduler, optimizer_steps
+from pipeline.learn.optim import build_optimizer, build_scheduler
 
 __all__ = [
     "LoopInputs",
@@ -288,14 +289,15 @@ def train_loop(config: dict) -> None:
     device = ray.train.torch.get_device()
     use_bf16 = cfg.train.bf16 == "on" or (cfg.train.bf16 == "auto" and device.type == "cuda")
     S = inp.steps_per_epoch
-    total_steps = min(S * cfg.train.epochs, cfg.train.max_steps or S * cfg.train.epochs)
+    length = run_length(S, cfg.train)
+    total_steps = length.global_steps
     global_batch = global_batch_definition(cfg, inp.edges)
 
     # ---- model, optimizer, schedule (same init on every rank; DDP also broadcasts rank 0's)
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model, max_positions=inp.edges[-1]).to(device)
     optimizer = build_optimizer(model, cfg.train)
-    scheduler = build_scheduler(optimizer, cfg.train, optimizer_steps(S, cfg.train))
+    scheduler = build_scheduler(optimizer, cfg.train, length.optimizer_steps)
     tracker = BucketLossTracker(len(inp.edges) - 1)
     position = DataPosition(0, 0, inp.epochs[0]["hash"], world, global_batch, 0)
     counters = {"updates": 0, "tokens": 0.0, "padded": 0.0, "samples": 0.0}

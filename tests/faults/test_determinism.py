@@ -19,7 +19,9 @@ import numpy as np
 from pipeline.core.buckets import optimize
 from pipeline.core.config import RunConfig
 from pipeline.core.plan import epoch_plan
-cfg = RunConfig.model_validate({"batching": {"token_budget": 4096}})
+cfg = RunConfig.model_validate(
+    {"data": {"synthetic": {}, "max_length": 1024}, "batching": {"token_budget": 4096}}
+)
 rng = np.random.default_rng(7)
 lengths = np.minimum(rng.lognormal(6.0, 0.7, 3000).astype(np.int64) + 1, 1024)
 ids = rng.permutation(10**6)[:3000].astype(np.int64)

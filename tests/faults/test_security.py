@@ -15,6 +15,7 @@ import yaml
 from pipeline.core.config import ConfigError, RunConfig, load_config
 from pipeline.learn.checkpoint import DataPosition, TrainState, load_checkpoint, save_checkpoint
 from pipeline.learn.logger import make_logger
+from tests.helpers import tiny_config
 
 SECRET = "bucketray-test-secret-0123456789abcdef0123"
 
@@ -38,7 +39,7 @@ def test_wandb_key_from_environment_never_written_to_run_files_config_or_checkpo
     monkeypatch.setenv("WANDB_API_KEY", SECRET)
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    cfg = RunConfig.model_validate({"wandb": {"mode": "offline"}})
+    cfg = tiny_config(wandb={"mode": "offline"})
     assert SECRET not in json.dumps(cfg.model_dump(mode="json"))  # no config field holds a key
     lg = make_logger(cfg, rank=0, run_id="abcd1234", wandb_dir=str(tmp_path / "wandb"))
     lg.log({"train/loss": 1.0}, step=1)
@@ -69,7 +70,7 @@ class _RunsCode:
 
 
 def test_checkpoint_with_pickled_code_is_refused_not_run(tmp_path):
-    save_checkpoint(tmp_path, _tiny_state(RunConfig()), rank=0)
+    save_checkpoint(tmp_path, _tiny_state(tiny_config()), rank=0)
     marker = tmp_path / "ran"
     torch.save(
         {"scheduler": _RunsCode(str(marker)), "counters": {}, "tracker": {}},

@@ -13,6 +13,7 @@ import pytest
 
 from pipeline.core.config import RunConfig
 from pipeline.data import DataError, build_length_index, rank_batches, start_feeder
+from pipeline.data.index import Reason
 
 pytestmark = pytest.mark.ray
 
@@ -135,7 +136,7 @@ def test_contract10_error_names_file_sample_id_and_reason(
     assert "c.parquet" in msg, msg
     assert reason in msg, msg
     if sid is not None:
-        assert f"sample_id {sid} " in msg, msg
+        assert f"sample_id {sid} (row group 0, row " in msg, msg  # file, row group, sample id
     assert "data.on_bad_rows=quarantine" in msg  # the message names the way out
 
 
@@ -151,6 +152,11 @@ def test_contract10_quarantine_writes_and_counts_bad_rows(
     (rec,) = q
     assert rec["file"].endswith("c.parquet") and reason in rec["reason"]
     assert rec["sample_id"] == sid
+    # One reason code per problem: a Reason name for a row, UNUSABLE_FILE for a whole file.
+    assert rec["reason_code"] == (
+        "UNUSABLE_FILE" if sid is None else Reason[rec["reason_code"]].name
+    )
+    assert (rec["row_group"] is None) == (sid is None)
     # Every good row of a and b is kept; c contributes only its good rows.
     good = set(range(ROWS)) | set(range(1000, 1000 + ROWS))
     assert good <= set(index.sample_ids.tolist())

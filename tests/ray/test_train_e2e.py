@@ -135,7 +135,8 @@ def test_checkpoints_written_kept_and_loadable(trained):
 def test_contract10_config_error_and_missing_data_path_are_one_line(cluster, tmp_path):
     with pytest.raises(ConfigError, match="train.warmup_ratio"):
         validate(tiny_config(tmp_path, train={"warmup_ratio": 0.1}))
-    cfg = validate(tiny_config(tmp_path, data={"path": str(tmp_path / "nowhere")}))
+    nowhere = {"path": str(tmp_path / "nowhere"), "synthetic": None}  # a path, not the corpus
+    cfg = validate(tiny_config(tmp_path, data=nowhere))
     with pytest.raises(Exception) as e:
         run(cfg)
     assert str(tmp_path / "nowhere") in str(e.value) and "\n" not in str(e.value)

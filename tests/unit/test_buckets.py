@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import time
 
 import numpy as np
 import pytest
@@ -51,15 +50,11 @@ def test_more_buckets_than_distinct_lengths_gives_zero_padding():
     assert padded_to_edges(lengths, edges) == lengths.sum()
 
 
-def test_optimize_902k_k32_under_2s_and_reaches_design_efficiency():
+def test_optimize_902k_k32_pads_under_5_percent():
+    # Its speed is measured by the benchmark (pipeline/bench), not asserted here.
     lengths = seed902k_lengths()
-    times = []
-    for _ in range(2):
-        t = time.perf_counter()
-        edges = optimize(lengths, 32)
-        times.append(time.perf_counter() - t)
-    assert min(times) < 2.0
-    # to-upper-edge padding efficiency of exact K=32 edges on the calibrated preset (DESIGN: ~0.96)
+    edges = optimize(lengths, 32)
+    # To-upper-edge padding efficiency of exact K=32 edges on the calibrated preset.
     assert lengths.sum() / padded_to_edges(lengths, edges) > 0.95
 
 

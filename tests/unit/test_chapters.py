@@ -113,7 +113,8 @@ def test_limits_and_steps_outside_the_epoch_are_refused():
 
 
 def test_default_chapters_of_the_902k_preset_fit_and_ignore_world_size():
-    assert DataConfig().chapter_tokens == DEFAULT_CHAPTER_TOKENS == 2**28
+    default = DataConfig.model_fields["chapter_tokens"].default
+    assert default == DEFAULT_CHAPTER_TOKENS == 2**28
     lengths = seed902k_lengths()
     batching = BatchingConfig(token_budget=262_144, round_to=8, pad_to_multiple_of=64)
     bounds = {}

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.core.config import RunConfig
 from pipeline.core.metrics import BucketLossTracker
 from pipeline.learn.checkpoint import (
     CheckpointError,
@@ -21,6 +20,7 @@ from pipeline.learn.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
+from tests.helpers import tiny_config
 
 EDGES = [0, 64, 128]
 
@@ -32,7 +32,7 @@ def _state(world: int = 2) -> TrainState:
     model(torch.randn(4, 3)).sum().backward()
     opt.step()
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5)
-    gb = global_batch_definition(RunConfig(), EDGES)
+    gb = global_batch_definition(tiny_config(), EDGES)
     return TrainState(
         model=model.state_dict(),
         optimizer=opt.state_dict(),
@@ -91,7 +91,7 @@ def test_position_after_last_step_rolls_over_to_next_epoch():
 
 
 def _check(pos, cfg=None, plan_hash="abc", world=2, policy="keep_order"):
-    gb = global_batch_definition(cfg or RunConfig(), EDGES)
+    gb = global_batch_definition(cfg or tiny_config(), EDGES)
     check_resume(
         pos, global_batch=gb, plan_hash=plan_hash, world_size=world, on_world_size_change=policy
     )
@@ -107,8 +107,8 @@ def test_contract8_resume_with_another_world_size_keeps_order_or_refuses():
 
 def test_contract7_resume_refuses_changed_batches_or_data():
     pos = _state().position
-    other = RunConfig.model_validate({"batching": {"token_budget": 1024}})
-    with pytest.raises(ResumeError, match="batching.token_budget: 65536 -> 1024"):
+    other = tiny_config(batching={"token_budget": 2048})
+    with pytest.raises(ResumeError, match="batching.token_budget: 1024 -> 2048"):
         _check(pos, cfg=other)
     with pytest.raises(ResumeError, match="plan hash.*data .* changed"):
         _check(pos, plan_hash="other")

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.core.collate import IGNORE_INDEX, collate, padded_length
+from pipeline.core.collate import IGNORE_INDEX, collate, labels_from_mask, padded_length
 
 
 def _reference(rows, masks, upper, multiple, pad_id):
@@ -85,3 +85,13 @@ def test_labels_column_is_used_as_given():
         pad_to_multiple_of=4,
     )
     assert out["labels"].tolist() == [[IGNORE_INDEX, 2, 3, IGNORE_INDEX]]
+
+
+def test_labels_from_mask_keeps_supervised_tokens_only():
+    vals = np.array([5, 6, 7, 8])
+    assert labels_from_mask(vals, np.array([1, 0, 2, 0], np.int8)).tolist() == [
+        5,
+        IGNORE_INDEX,
+        7,
+        IGNORE_INDEX,
+    ]

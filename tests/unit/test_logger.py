@@ -2,7 +2,6 @@
 
 import json
 
-from pipeline.core.config import RunConfig
 from pipeline.learn.logger import (
     JsonlLogger,
     ListLogger,
@@ -11,11 +10,12 @@ from pipeline.learn.logger import (
     make_logger,
     wandb_mode,
 )
+from tests.helpers import tiny_config
 
 
 def test_non_zero_ranks_log_nothing(tmp_path):
     lg = make_logger(
-        RunConfig(), rank=1, run_id="x", wandb_dir=str(tmp_path), metrics_file=str(tmp_path / "m")
+        tiny_config(), rank=1, run_id="x", wandb_dir=str(tmp_path), metrics_file=str(tmp_path / "m")
     )
     assert isinstance(lg, NullLogger)
     lg.log({"train/loss": 1.0}, step=1)
@@ -25,7 +25,7 @@ def test_non_zero_ranks_log_nothing(tmp_path):
 def test_disabled_wandb_with_metrics_file_writes_json_lines(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "disabled")
     lg = make_logger(
-        RunConfig(),
+        tiny_config(),
         rank=0,
         run_id="x",
         wandb_dir=str(tmp_path),
@@ -41,7 +41,7 @@ def test_disabled_wandb_with_metrics_file_writes_json_lines(tmp_path, monkeypatc
 def test_online_without_key_falls_back_to_offline(monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    cfg = RunConfig.model_validate({"wandb": {"mode": "online"}})
+    cfg = tiny_config(wandb={"mode": "online"})
     import pytest
 
     with pytest.warns(UserWarning, match="WANDB_API_KEY"):
@@ -59,7 +59,7 @@ def test_tee_and_list_loggers_capture_every_call(tmp_path):
 def test_offline_wandb_run_resumes_its_id(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    lg = make_logger(RunConfig(), rank=0, run_id="abcd1234", wandb_dir=str(tmp_path))
+    lg = make_logger(tiny_config(), rank=0, run_id="abcd1234", wandb_dir=str(tmp_path))
     lg.log({"train/loss": 1.0}, step=1)
     lg.finish()
     assert list((tmp_path / "wandb").glob("offline-run-*-abcd1234"))

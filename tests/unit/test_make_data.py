@@ -52,14 +52,35 @@ def test_make_data_writes_the_preset_lengths_deterministically(tmp_path):
     assert _read(tmp_path / "b").equals(t)
 
 
-def test_make_data_is_idempotent_and_refuses_foreign_dirs(tmp_path):
+def test_make_data_is_idempotent_and_refuses_foreign_dirs(tmp_path, capsys):
     args = ["--out", str(tmp_path / "a"), "--num-samples", "50", "--shards", "2"]
     main(args)
     assert main(args)["skipped"]
     (tmp_path / "x").mkdir()
     (tmp_path / "x" / "notes.txt").write_text("mine")
-    with pytest.raises(FileExistsError, match="choose an empty --out"):
+    with pytest.raises(SystemExit) as e:
         main(["--out", str(tmp_path / "x"), "--num-samples", "10"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after the progress lines
+    assert err.startswith("python -m jobs.make_data: error: ") and "choose an empty --out" in err
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--num-samples", "-5"], "argument --num-samples: must be >= 1, got -5"),
+        (["--shards", "0"], "argument --shards: must be >= 1, got 0"),
+        (["--vocab-size", "1"], "argument --vocab-size: must be >= 2, got 1"),
+        (["--corpus-seed", "-1"], "argument --corpus-seed: must be >= 0, got -1"),
+        (["--seed", "1"], "unrecognized arguments: --seed"),  # the corpus seed has one name
+    ],
+)
+def test_make_data_refuses_bad_counts_without_a_traceback(tmp_path, capsys, argv, needle):
+    with pytest.raises(SystemExit) as e:
+        main(["--out", str(tmp_path / "a"), *argv])
+    assert e.value.code == 2
+    assert needle in capsys.readouterr().err
+    assert not (tmp_path / "a").exists()
 
 
 def test_make_data_help_runs():

@@ -5,7 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.core.metrics import BucketLossTracker, micro_batch_padded, padding_efficiency
+from pipeline.core.metrics import (
+    BucketLossTracker,
+    micro_batch_padded,
+    padding_efficiency,
+    truncation_counts,
+)
 
 
 def test_padding_efficiency_by_hand():
@@ -79,3 +84,9 @@ def test_switch_rate_matches_independent_draws_for_a_shuffle():
     assert exp == pytest.approx(1 - (0.25 + 0.09 + 0.04))
     assert abs(obs - exp) < 0.02
     assert switch_rate(np.sort(seq))[0] < 0.001
+
+
+def test_truncation_counts_by_hand():
+    got = truncation_counts(np.array([10, 64, 65, 200]), top=64)
+    assert got == {"truncated_samples": 2, "truncated_tokens": 1 + 136, "tokens": 339}
+    assert truncation_counts(np.array([1, 2]), top=64)["truncated_samples"] == 0

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from jobs.plan_buckets import main
 from pipeline.core import epochs
 from pipeline.core.buckets import optimize_all
-from pipeline.core.config import TEAM_EDGES, BatchingConfig
+from pipeline.core.config import TEAM_EDGES, FixedBatching, TokenBudgetBatching
+from pipeline.core.metrics import truncation_counts
 from pipeline.core.plan import epoch_plan
 from pipeline.core.report import (
     auto_search,
@@ -30,7 +31,7 @@ from pipeline.core.report import (
 from pipeline.core.synthetic import seed902k_lengths
 
 ROOT = Path(__file__).resolve().parents[2]
-FIXED32 = BatchingConfig(mode="fixed", batch_size=32)
+FIXED32 = FixedBatching(batch_size=32)
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,7 @@ def lengths50k() -> np.ndarray:
 
 
 @pytest.mark.parametrize(
-    "batching", [FIXED32, BatchingConfig(token_budget=65_536)], ids=["B32", "T64K"]
+    "batching", [FIXED32, TokenBudgetBatching(token_budget=65_536)], ids=["B32", "T64K"]
 )
 def test_sorted_is_the_max_random_the_min_and_more_buckets_help(lengths50k, batching):
     table = optimize_all(lengths50k, 32)
@@ -59,7 +60,8 @@ def test_sorted_is_the_max_random_the_min_and_more_buckets_help(lengths50k, batc
 
 
 def test_calibrated_ratios_at_batch_32(lengths50k):
-    """DESIGN.md: random ~0.36 of sorted at 902K; at 50K the sample is smaller, so looser bounds."""
+    """The preset is calibrated so random batching at B=32 reaches ~0.36 of sorted at 902K (the
+    team's real corpus); at 50K the sample is smaller, so looser bounds."""
     scores = compare_policies(lengths50k, {"edges:team": TEAM_EDGES}, batching=FIXED32)
     eff = {s.name: s.efficiency for s in scores}
     assert 0.3 < eff["random"] / eff["sorted"] < 0.5
@@ -105,7 +107,7 @@ def test_plan_score_caps_padding_at_the_bucket_edge():
         seed=0,
         epoch=0,
         world_size=1,
-        batching=BatchingConfig(mode="fixed", batch_size=10, pad_to_multiple_of=64),
+        batching=FixedBatching(batch_size=10, pad_to_multiple_of=64),
     )
     assert plan_score("b", p).padded_tokens == 100
 
@@ -137,15 +139,15 @@ def test_megabatch_default_window_is_hf_mult_and_longest_sample_comes_first():
 
 def test_non_bucketed_batch_fits_the_worst_case_under_the_token_budget():
     lengths = np.array([10, 500, 4000])
-    assert fixed_batch_size(lengths, BatchingConfig(token_budget=65_536, round_to=1)) == 16
-    assert fixed_batch_size(lengths, BatchingConfig(token_budget=65_536, round_to=8)) == 16
+    assert fixed_batch_size(lengths, TokenBudgetBatching(token_budget=65_536, round_to=1)) == 16
+    assert fixed_batch_size(lengths, TokenBudgetBatching(token_budget=65_536, round_to=8)) == 16
     assert fixed_batch_size(lengths, FIXED32) == 32
 
 
 @pytest.mark.parametrize("world_size", [1, 3])
 def test_auto_picks_the_smallest_k_reaching_the_target(world_size, monkeypatch):
     lengths = seed902k_lengths(3000, seed=4)
-    batching = BatchingConfig(mode="fixed", batch_size=8)
+    batching = FixedBatching(batch_size=8)
     table = optimize_all(lengths, 16)
     scan = {}
     for k in range(1, 17):
@@ -248,7 +250,7 @@ def test_cli_reads_npy_with_given_edges_and_token_budget(tmp_path, capsys):
     assert rc == 0
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["chosen"]["edges"] == TEAM_EDGES and report["chosen"]["source"] == "given"
-    budget = BatchingConfig(token_budget=16384)
+    budget = TokenBudgetBatching(token_budget=16384)
     assert report["batching"]["non_bucketed_batch_size"] == fixed_batch_size(lengths, budget)
     batches = [r["global_batch"] for r in report["buckets"]]
     assert batches[0] > batches[-1]  # token-budget batches: short buckets get more samples
@@ -313,14 +315,6 @@ def _bad_npy(tmp_path: Path, name: str, array) -> Path:
             "--max-buckets",
         ),
         (
-            lambda t: ["--preset", "seed902k", "--num-samples", 100, "--batch-size", 0],
-            "--batch-size",
-        ),
-        (
-            lambda t: ["--preset", "seed902k", "--num-samples", 100, "--world-size", 0],
-            "--world-size",
-        ),
-        (
             lambda t: ["--preset", "seed902k", "--num-samples", 100, "--target-efficiency", 1.5],
             "--target-efficiency",
         ),
@@ -333,12 +327,75 @@ def test_cli_errors_are_one_line_with_the_fix_and_exit_2(tmp_path, capsys, make_
     assert len(lines) == 1 and needle in lines[0], err
 
 
-def test_cli_usage_errors_exit_2_on_one_line(capsys):
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--num-buckets", "many"], "--num-buckets"),
+        (["--batch-size", "0"], "argument --batch-size: must be >= 1, got 0"),
+        (["--world-size", "0"], "argument --world-size: must be >= 1, got 0"),
+        (["--num-samples", "-5"], "argument --num-samples: must be >= 1, got -5"),
+        (["--plan-seed", "-1"], "argument --plan-seed: must be >= 0"),
+        (["--epoch", "x"], "argument --epoch: expected an integer, got 'x'"),
+        # One seed flag per meaning: the plan's, or the preset corpus's; no bare --seed.
+        (["--seed", "1"], "unrecognized arguments: --seed"),
+    ],
+)
+def test_cli_usage_errors_exit_2_on_one_line(capsys, argv, needle):
     with pytest.raises(SystemExit) as exc:
-        main(["--preset", "seed902k", "--num-buckets", "many"])
+        main(["--preset", "seed902k", *argv])
     assert exc.value.code == 2
     err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and "--num-buckets" in err
+    assert len(err.strip().splitlines()) == 1 and needle in err, err
+
+
+def test_cli_plan_seed_and_corpus_seed_mean_different_things(tmp_path, capsys):
+    base = ["--preset", "seed902k", "--num-samples", 500, "--num-buckets", 3, "--json"]
+
+    def report(*extra):
+        out = tmp_path / f"r{len(list(tmp_path.iterdir()))}.json"
+        assert _run([*base, out, *extra], capsys)[0] == 0
+        return json.loads(out.read_text())
+
+    r0, plan1, corpus1 = report(), report("--plan-seed", 1), report("--corpus-seed", 1)
+    assert plan1["lengths"] == r0["lengths"] and plan1["plan"]["hash"] != r0["plan"]["hash"]
+    assert plan1["seed"] == 1
+    assert corpus1["lengths"] != r0["lengths"] and corpus1["seed"] == 0
+
+
+def test_cli_truncate_counts_what_it_cuts(tmp_path, capsys):
+    lengths = seed902k_lengths(2000, seed=0)
+    args = ["--preset", "seed902k", "--num-samples", 2000, "--edges", "0,500,1000"]
+    rc, out, _ = _run([*args, "--over-length", "truncate", "--json", tmp_path / "r.json"], capsys)
+    assert rc == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    expected = truncation_counts(lengths, 1000)
+    assert expected["truncated_samples"] > 0
+    assert report["truncation"] == {"top": 1000, **expected}
+    assert report["lengths"]["max"] == 1000  # the plan sees the cut lengths
+    assert f"truncated at 1000: {expected['truncated_samples']:,} samples" in out
+    # Without --over-length truncate the same input is refused, naming the way out.
+    rc, _, err = _run([*args, "--max-length", 1000], capsys)
+    assert rc == 2 and "--over-length truncate" in err
+
+
+def test_cli_optimised_edges_truncate_at_max_length(tmp_path, capsys):
+    args = ["--preset", "seed902k", "--num-samples", 2000, "--num-buckets", 3]
+    rc, out, _ = _run([*args, "--max-length", 512, "--over-length", "truncate"], capsys)
+    assert rc == 0 and "truncated at 512:" in out
+    rc, _, err = _run([*args, "--max-length", 512], capsys)
+    assert rc == 2 and "raise --max-length to >= " in err
+
+
+def test_cli_unwritable_output_names_the_flag(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    rc, _, err = _run(
+        ["--preset", "seed902k", "--num-samples", 200, "--json", blocker / "r.json"], capsys
+    )
+    lines = [ln for ln in err.splitlines() if not ln.startswith("[plan_buckets]")]
+    assert rc == 2 and len(lines) == 1
+    assert f"--json {blocker / 'r.json'}: cannot write" in lines[0]
+    assert "choose a writable output path" in lines[0]
 
 
 def test_cli_runs_as_a_module(tmp_path):
@@ -365,6 +422,55 @@ def test_cli_runs_as_a_module(tmp_path):
     assert "optimal:3" in proc.stdout and "[plan_buckets] epoch_plan" in proc.stderr
 
 
+class _DataError(ValueError):
+    pass
+
+
+def _fake_data(monkeypatch, build_length_index) -> None:
+    """Stand in for pipeline.data (no Ray in unit tests)."""
+    fake = types.ModuleType("pipeline.data")
+    fake.build_length_index, fake.DataError = build_length_index, _DataError
+    monkeypatch.setitem(sys.modules, "pipeline.data", fake)
+
+
+def _vocab_checking_index(max_token_id: int, seen: dict):
+    """A length index that, like the real one, refuses token ids >= model.vocab_size."""
+    lengths = seed902k_lengths(300, seed=7).astype(np.int32)
+
+    def build_length_index(cfg, path):
+        seen["vocab_size"] = cfg.model.vocab_size
+        if max_token_id >= cfg.model.vocab_size:
+            raise _DataError(f"{lengths.size} bad rows: token id outside the vocabulary")
+        return types.SimpleNamespace(sample_ids=np.arange(lengths.size), lengths=lengths)
+
+    return build_length_index
+
+
+def test_cli_data_without_a_config_checks_no_vocabulary(tmp_path, capsys, monkeypatch):
+    seen: dict = {}
+    _fake_data(monkeypatch, _vocab_checking_index(31_999, seen))  # a 32K-vocabulary dataset
+    rc, out, err = _run(["--data", tmp_path, "--batch-size", 8, "--num-buckets", 2], capsys)
+    assert rc == 0, err
+    assert "optimal:2" in out
+    # A vocabulary is checked when one is given: on the command line, or by a run config.
+    rc, _, err = _run(["--data", tmp_path, "--vocab-size", 1000, "--batch-size", 8], capsys)
+    assert rc == 2 and seen["vocab_size"] == 1000 and "outside the vocabulary" in err
+    rc, _, err = _run(["--data", tmp_path, "--config", ROOT / "configs/local.yaml"], capsys)
+    assert rc == 2 and seen["vocab_size"] == 512
+
+
+def test_cli_data_read_failure_is_not_an_output_error(tmp_path, capsys, monkeypatch):
+    def build_length_index(cfg, path):
+        raise OSError("AWS Error ACCESS_DENIED during ListObjectsV2")
+
+    _fake_data(monkeypatch, build_length_index)
+    rc, _, err = _run(["--data", "s3://bucket/shards", "--batch-size", 8], capsys)
+    lines = [ln for ln in err.splitlines() if not ln.startswith("[plan_buckets]")]
+    assert rc == 2 and len(lines) == 1
+    assert "--data s3://bucket/shards: cannot read the data (AWS Error ACCESS_DENIED" in lines[0]
+    assert "writable output path" not in lines[0]
+
+
 def test_cli_data_input_keeps_the_index_sample_ids(tmp_path, capsys, monkeypatch):
     lengths = seed902k_lengths(400, seed=6)
     ids = np.arange(400) * 7 + 1000  # not positions: the plan must carry these through
@@ -374,12 +480,7 @@ def test_cli_data_input_keeps_the_index_sample_ids(tmp_path, capsys, monkeypatch
         seen["path"], seen["cfg_path"] = path, cfg.data.path
         return types.SimpleNamespace(sample_ids=ids, lengths=lengths.astype(np.int32))
 
-    class DataError(ValueError):
-        pass
-
-    fake = types.ModuleType("pipeline.data")
-    fake.build_length_index, fake.DataError = build_length_index, DataError
-    monkeypatch.setitem(sys.modules, "pipeline.data", fake)  # no Ray in unit tests
+    _fake_data(monkeypatch, build_length_index)
     rc, out, _ = _run(
         [
             "--data",

@@ -1,0 +1,333 @@
+"""The config sections with variants or shared pieces: the data source (a path or the synthetic
+corpus), the buckets (explicit edges or optimised) and the batching (token budget or fixed).
+
+A field of the other variant is a one-line error naming it and the fix, never a silent no-op.
+Imported through `pipeline.core.config`, which assembles the whole RunConfig.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    NonNegativeInt,
+    PositiveInt,
+    Tag,
+    TypeAdapter,
+    field_validator,
+    model_validator,
+)
+
+__all__ = [
+    "ConfigError",
+    "OnBadRows",
+    "SyntheticConfig",
+    "DataConfig",
+    "ExplicitBuckets",
+    "OptimisedBuckets",
+    "Buckets",
+    "BucketsConfig",
+    "TokenBudgetBatching",
+    "FixedBatching",
+    "Batching",
+    "BatchingConfig",
+    "parse_edges",
+]
+
+
+class ConfigError(ValueError):
+    """A configuration problem, phrased as: which field, what is wrong, how to fix it."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class OnBadRows(StrEnum):
+    error = "error"
+    quarantine = "quarantine"
+
+
+class SyntheticConfig(_Section):
+    preset: Literal["seed902k"] = Field(
+        "seed902k", description="Length distribution (pipeline.core.synthetic.PRESETS)."
+    )
+    num_samples: PositiveInt = Field(20_000, description="Number of samples to generate.")
+    shards: PositiveInt = Field(4, description="Number of parquet shards to write.")
+    seed: NonNegativeInt = Field(0, description="Generator seed: same seed, same corpus.")
+    out_dir: str = Field(
+        "data/synthetic",
+        description="Where the corpus is written on first use (relative paths: from the working dir).",
+    )
+
+
+_PATH_HINT = "a directory or URI (s3://, gs://, ...) of parquet shards"
+
+
+class DataConfig(_Section):
+    """Input data. The source is exactly one of `path` (your parquet shards) and `synthetic` (the
+    generated corpus): the synthetic corpus is used only when its section is given."""
+
+    path: str | None = Field(
+        None,
+        description=f"Source 1: {_PATH_HINT}. Give this or data.synthetic, never both.",
+    )
+    synthetic: SyntheticConfig | None = Field(
+        None,
+        description="Source 2: generate the seed-calibrated synthetic corpus (written on first "
+        "use). Give this or data.path, never both.",
+    )
+    glob: str | None = Field(
+        None,
+        description="With data.path: which files under it are shards, a pattern relative to it "
+        "(`*` within a folder, `**` across folders, e.g. `data/train-*.parquet`). Null: the files "
+        "directly in data.path (subfolders are not read).",
+    )
+    split: str | None = Field(
+        None,
+        description="With data.path: keep only this split's files (`train` keeps "
+        "train-00000.parquet, train.parquet, ...). Null: any file; files of several splits side "
+        "by side are refused.",
+    )
+    cache_dir: str | None = Field(
+        None,
+        description="Where the length index is cached; null: beside the data (<path>/_bucketray_index).",
+    )
+    max_length: PositiveInt = Field(
+        8192, description="Longest sample the model accepts, in tokens."
+    )
+    over_length: Literal["error", "truncate"] = Field(
+        "error",
+        description="Samples longer than the top bucket edge: stop with their ids, or truncate them "
+        "(counted: samples and tokens cut are reported).",
+    )
+    on_bad_rows: OnBadRows = Field(
+        OnBadRows.error,
+        description="Bad rows: `error` stops before training naming file, sample id and reason; "
+        "`quarantine` writes them to a quarantine parquet and counts them.",
+    )
+    quarantine_path: str | None = Field(
+        None, description="Quarantine parquet path; null: <cache dir>/quarantine.parquet."
+    )
+    pad_id: NonNegativeInt = Field(0, description="Token id written into padding slots.")
+    # Chapters (pipeline/core/chapters.py): 2**28 = chapters.DEFAULT_CHAPTER_TOKENS, chosen there.
+    chapter_tokens: PositiveInt | None = Field(
+        2**28,
+        description="Most real tokens one chapter (a run of consecutive global steps read, sorted "
+        "and held in the object store together) may hold; 2**28 int32 ids = 1 GiB. Null: no limit.",
+    )
+    chapter_steps: PositiveInt | None = Field(
+        None, description="Most global steps one chapter may hold. Null: no limit."
+    )
+
+    # The data source: one group or the other (an override of one drops the other's fields).
+    exclusive_groups: ClassVar[tuple[frozenset[str], ...]] = (
+        frozenset({"path", "glob", "split"}),
+        frozenset({"synthetic"}),
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DataConfig:
+        if self.path is not None and not self.path.strip():
+            raise ValueError(
+                f"data.path is empty: set it to {_PATH_HINT} (an unset shell variable?), "
+                "or remove it and add a data.synthetic section for the synthetic corpus"
+            )
+        if self.path is not None and self.synthetic is not None:
+            raise ValueError(
+                "data.synthetic has no effect when data.path is set: remove data.synthetic, "
+                "or remove data.path to train on the synthetic corpus"
+            )
+        if self.path is None and self.synthetic is None:
+            raise ValueError(
+                f"data: no data source: set data.path to {_PATH_HINT}, or add a data.synthetic "
+                "section (e.g. `synthetic: {}`) to train on the synthetic corpus"
+            )
+        if self.path is None and (self.glob is not None or self.split is not None):
+            raise ValueError(
+                "data.glob and data.split select files under data.path and have no effect on the "
+                "synthetic corpus: remove them, or set data.path"
+            )
+        for name in ("cache_dir", "quarantine_path"):
+            v = getattr(self, name)
+            if v is not None and not v.strip():
+                raise ValueError(f"data.{name} is empty: set a path, or null for the default")
+        return self
+
+
+def _forbid(section: str, data: Any, fields: dict[str, str]) -> Any:
+    """Refuse, in one line, a field that belongs to another variant of a section."""
+    if isinstance(data, dict):
+        for name, why in fields.items():
+            if name in data:
+                raise ValueError(f"{section}.{name} has no effect {why}")
+    return data
+
+
+class ExplicitBuckets(_Section):
+    """Bucket edges given in the config."""
+
+    edges: list[int] = Field(
+        description="Explicit bucket edges [0, e1, ..., top]; bucket k holds lengths in "
+        "(e_k, e_{k+1}]. Leave out to optimise the edges from the data instead."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_optimiser_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("edges", 0) is None:
+            raise ValueError(
+                "buckets.edges is null: leave it out to optimise the edges (buckets.num_buckets), "
+                "or give them as [0, e1, ..., top]"
+            )
+        why = (
+            "when buckets.edges is given: remove it, or remove buckets.edges to optimise the edges"
+        )
+        return _forbid("buckets", data, dict.fromkeys(OptimisedBuckets.model_fields, why))
+
+    @field_validator("edges")
+    @classmethod
+    def _edges_valid(cls, v: list[int]) -> list[int]:
+        parse_edges(v)  # raises with a message naming the fix
+        return v
+
+
+class OptimisedBuckets(_Section):
+    """Bucket edges optimised from the data's lengths (no `edges` given)."""
+
+    num_buckets: PositiveInt | Literal["auto"] = Field(
+        "auto",
+        description="Number of optimal buckets, or `auto`: the smallest K whose simulated padding "
+        "efficiency reaches buckets.target_efficiency.",
+    )
+    target_efficiency: Annotated[float, Field(gt=0, le=1)] = Field(
+        0.97, description="Padding efficiency (real / padded tokens) that `auto` aims for."
+    )
+    max_buckets: Annotated[int, Field(ge=1, le=64)] = Field(
+        64, description="Upper bound on K for `auto`, and on any K."
+    )
+
+    @property
+    def edges(self) -> None:
+        """None: the edges are optimised from the data (see pipeline.core.epochs.resolve_edges)."""
+        return None
+
+    @model_validator(mode="after")
+    def _k_in_range(self) -> OptimisedBuckets:
+        if isinstance(self.num_buckets, int) and self.num_buckets > self.max_buckets:
+            raise ValueError(
+                f"buckets.num_buckets={self.num_buckets} exceeds buckets.max_buckets={self.max_buckets}: "
+                "lower num_buckets or raise max_buckets (at most 64)"
+            )
+        return self
+
+
+def _buckets_kind(v: Any) -> str:
+    has_edges = "edges" in v if isinstance(v, dict) else isinstance(v, ExplicitBuckets)
+    return "explicit" if has_edges else "optimised"
+
+
+Buckets = Annotated[
+    Annotated[ExplicitBuckets, Tag("explicit")] | Annotated[OptimisedBuckets, Tag("optimised")],
+    Discriminator(_buckets_kind),
+]
+_BUCKETS = TypeAdapter(Buckets)
+
+
+def BucketsConfig(**fields: Any) -> ExplicitBuckets | OptimisedBuckets:  # noqa: N802
+    """The buckets section: explicit when `edges` is given, else optimised (validated)."""
+    return _BUCKETS.validate_python(fields)
+
+
+class _Batching(_Section):
+    pad_to_multiple_of: PositiveInt = Field(
+        8,
+        description="Padded length is the batch max rounded up to this, never beyond the bucket's upper edge.",
+    )
+    drop_remainder: bool = Field(
+        False,
+        description="Drop each bucket's last partial global batch (lossy; off by default, contract 4).",
+    )
+
+
+class TokenBudgetBatching(_Batching):
+    """A bucket's global batch holds token_budget // (its upper edge) samples."""
+
+    mode: Literal["token_budget"] = Field(
+        "token_budget",
+        description="`token_budget` (this section's fields) or `fixed` (batch_size instead).",
+    )
+    token_budget: PositiveInt = Field(
+        65_536,
+        description="Padded tokens per GLOBAL step (all ranks together), so the global batch does not "
+        "depend on the world size (contract 8); per-rank memory ~ token_budget / world_size. "
+        "At least the top bucket edge.",
+    )
+    round_to: NonNegativeInt = Field(
+        8,
+        description="Round a token-budget batch size down to a multiple of this (0 or 1: no rounding).",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_fixed_fields(cls, data: Any) -> Any:
+        why = "with batching.mode=token_budget: remove it, or set batching.mode=fixed"
+        return _forbid("batching", data, {"batch_size": why})
+
+
+class FixedBatching(_Batching):
+    """Every global batch has batch_size samples."""
+
+    mode: Literal["fixed"] = Field(
+        "fixed", description="`fixed` (batch_size) or `token_budget` (token_budget, round_to)."
+    )
+    batch_size: PositiveInt = Field(32, description="Samples per GLOBAL step (all ranks together).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_budget_fields(cls, data: Any) -> Any:
+        why = "with batching.mode=fixed: remove it, or set batching.mode=token_budget"
+        return _forbid("batching", data, {"token_budget": why, "round_to": why})
+
+
+def _batching_mode(v: Any) -> str:
+    return str(v.get("mode", "token_budget")) if isinstance(v, dict) else v.mode
+
+
+Batching = Annotated[
+    Annotated[TokenBudgetBatching, Tag("token_budget")] | Annotated[FixedBatching, Tag("fixed")],
+    Discriminator(_batching_mode),
+]
+_BATCHING = TypeAdapter(Batching)
+
+
+def BatchingConfig(**fields: Any) -> TokenBudgetBatching | FixedBatching:  # noqa: N802
+    """The batching section its `mode` names (default token_budget), validated."""
+    return _BATCHING.validate_python(fields)
+
+
+def parse_edges(edges: Any) -> list[int]:
+    """Validate bucket edges: [0, e1, ..., top], integers, strictly increasing, at least one bucket."""
+    if isinstance(edges, str):
+        try:
+            edges = [int(x) for x in edges.replace(" ", "").strip("[]").split(",") if x]
+        except ValueError as e:
+            raise ConfigError(
+                f"buckets.edges must be comma-separated integers: got {edges!r}"
+            ) from e
+    edges = list(edges)
+    if len(edges) < 2:
+        raise ConfigError(f"buckets.edges needs at least two values [0, top]: got {edges}")
+    if any(int(e) != e for e in edges):
+        raise ConfigError(f"buckets.edges must be integers: got {edges}")
+    edges = [int(e) for e in edges]
+    if edges[0] != 0:
+        raise ConfigError(f"buckets.edges must start at 0: got {edges}; prepend 0")
+    if any(b <= a for a, b in zip(edges, edges[1:], strict=False)):
+        raise ConfigError(f"buckets.edges must be strictly increasing: got {edges}")
+    return edges

@@ -1,0 +1,66 @@
+"""Every `cfg.data.*` read of the index lives here: the data path (the synthetic corpus written on
+first use) and the options the discovery, scan, cache and validation steps need."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from pipeline.core.config import RunConfig
+from pipeline.core.corpus import corpus_is_current, write_corpus
+
+__all__ = ["DataOptions", "data_options", "resolve_data_path", "top_edge"]
+
+
+@dataclass(frozen=True)
+class DataOptions:
+    """The index's view of a run config: plain values, no config objects below this line."""
+
+    path: str
+    glob: str | None  # data.glob: shard pattern relative to path; None: top-level files
+    split: str | None  # data.split: keep only files of this split (train-*.parquet, ...)
+    cache_dir: str | None  # data.cache_dir; None: beside the data
+    quarantine: bool  # data.on_bad_rows == quarantine
+    quarantine_path: str | None
+    vocab_size: int
+    top: int  # the longest length the buckets accept
+    truncate: bool  # data.over_length == truncate
+
+
+def top_edge(cfg: RunConfig) -> int:
+    """Longest length the buckets accept: the explicit top edge, else data.max_length."""
+    return int(cfg.buckets.edges[-1]) if cfg.buckets.edges is not None else int(cfg.data.max_length)
+
+
+def data_options(cfg: RunConfig, path: str) -> DataOptions:
+    d = cfg.data
+    return DataOptions(
+        path=path,
+        glob=d.glob,
+        split=d.split,
+        cache_dir=d.cache_dir,
+        quarantine=d.on_bad_rows.value == "quarantine",
+        quarantine_path=d.quarantine_path,
+        vocab_size=int(cfg.model.vocab_size),
+        top=top_edge(cfg),
+        truncate=d.over_length == "truncate",
+    )
+
+
+def resolve_data_path(cfg: RunConfig) -> str:
+    """data.path, or the synthetic corpus at data.synthetic.out_dir, generated on first use."""
+    if cfg.data.path is not None:
+        return cfg.data.path
+    syn = cfg.data.synthetic
+    out = os.path.abspath(syn.out_dir)
+    params = dict(
+        preset=syn.preset,
+        num_samples=syn.num_samples,
+        shards=syn.shards,
+        vocab_size=cfg.model.vocab_size,
+        seed=syn.seed,
+    )
+    if not corpus_is_current(out, **params):
+        print(f"bucketray: writing the synthetic corpus to {out} (first use)", flush=True)
+        write_corpus(out, progress=True, **params)
+    return out

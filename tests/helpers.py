@@ -1,0 +1,56 @@
+"""One tiny, valid run config for tests (every test that needs "some small run" starts here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.core.config import RunConfig, validate
+
+__all__ = ["tiny_raw", "tiny_config"]
+
+
+def tiny_raw(tmp_path: Path | str | None = None, **sections: dict) -> dict:
+    """The tiny run as a plain dict: 600 synthetic samples cut at 64 tokens, two optimised
+    buckets, a 1,024-token global budget, a 1-layer model, W&B disabled, 2 workers at 0.5 CPU.
+    Files go under `tmp_path` (default: relative `tiny/`). Each keyword updates one section's
+    fields, e.g. `train={"epochs": 1}`; a section given as None is removed. Giving a variant's
+    key switches the section like a `--set` does: `batching={"mode": "fixed", ...}`,
+    `buckets={"edges": [...]}`, `data={"path": ...}`."""
+    tmp = Path(tmp_path) if tmp_path is not None else Path("tiny")
+    raw = {
+        "data": {
+            "synthetic": {"num_samples": 600, "shards": 2, "out_dir": str(tmp / "data")},
+            "max_length": 64,
+            "over_length": "truncate",
+        },
+        "buckets": {"num_buckets": 2},
+        "batching": {"token_budget": 1024},
+        "model": {"vocab_size": 64, "d_model": 32, "n_layers": 1, "n_heads": 2, "d_ff": 64},
+        "train": {"epochs": 2, "lr": 1e-2, "warmup_steps": 5, "log_every": 5},
+        "wandb": {"mode": "disabled"},
+        "scaling": {"num_workers": 2, "cpus_per_worker": 0.5},
+        "checkpoint": {"storage_path": str(tmp / "runs"), "every_steps": 20, "keep_last": 2},
+    }
+    for name, values in sections.items():
+        if values is None:
+            raw.pop(name, None)
+            continue
+        old = dict(raw.get(name, {}))
+        for key, drop in _SWITCHES.get(name, {}).items():
+            if key in values:
+                old = {k: v for k, v in old.items() if k not in drop}
+        raw[name] = {**old, **values}
+    return raw
+
+
+# A variant's key, and the other variants' fields it drops from the tiny defaults.
+_SWITCHES = {
+    "batching": {"mode": {"token_budget", "round_to", "batch_size"}},
+    "buckets": {"edges": {"num_buckets", "target_efficiency", "max_buckets"}},
+    "data": {"path": {"synthetic"}},
+}
+
+
+def tiny_config(tmp_path: Path | str | None = None, **sections: dict) -> RunConfig:
+    """`tiny_raw(...)`, validated."""
+    return validate(tiny_raw(tmp_path, **sections))
