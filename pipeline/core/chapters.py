@@ -41,11 +41,13 @@ from pipeline.core.plan import EpochPlan
 __all__ = [
     "DEFAULT_CHAPTER_TOKENS",
     "Chapter",
+    "RankPositions",
     "step_tokens",
     "chapter_bounds",
     "plan_chapter_bounds",
     "chapters_from",
     "chapter_of",
+    "chapter_end",
     "chapter_plan",
     "row_group_of",
     "chapter_read_bytes",
@@ -89,8 +91,9 @@ def chapter_bounds(
     most `max_tokens` tokens each, given each step's `tokens`; None: no limit.
 
     A step over `max_tokens` on its own is a chapter by itself. Among the fewest-chapter cuts
-    tried, chapters are balanced (equal tokens, or equal steps when only steps are limited), so
-    the first chapter -- the one the first step waits for -- is no larger than it needs to be.
+    tried, chapters are balanced (equal tokens, or equal steps when the step limit is the one
+    that needs more chapters), so the first chapter -- the one the first step waits for -- is no
+    larger than it needs to be.
     """
     t = np.asarray(tokens, dtype=np.int64)
     for name, v in (("max_steps", max_steps), ("max_tokens", max_tokens)):
@@ -100,12 +103,12 @@ def chapter_bounds(
     if S == 0 or (max_steps is None and max_tokens is None):
         return np.array([first_step, first_step + S], dtype=np.int64)
     cum = np.concatenate([[0], np.cumsum(t)])
-    lower = max(
-        -(-S // max_steps) if max_steps else 1,
-        -(-int(cum[-1]) // max_tokens) if max_tokens else 1,
-    )
+    by_steps = -(-S // max_steps) if max_steps else 0
+    by_tokens = -(-int(cum[-1]) // max_tokens) if max_tokens else 0
+    lower = max(by_steps, by_tokens, 1)
     for c in range(lower, min(S, lower + _BALANCE_TRIES) + 1):
-        b = _even_cut(cum, c, by_tokens=max_tokens is not None)
+        # balanced on whichever limit needs more chapters
+        b = _even_cut(cum, c, by_tokens=by_tokens >= by_steps)
         if _fits(b, cum, max_steps, max_tokens):
             return b + first_step
     return _greedy_cut(cum, max_steps, max_tokens) + first_step
@@ -158,6 +161,12 @@ def plan_chapter_bounds(
     )
 
 
+def chapter_end(bounds: np.ndarray, step: int) -> int:
+    """End (exclusive) of the chapter holding `step`; the epoch's end for `step` at the end."""
+    b = np.asarray(bounds)
+    return int(b[-1]) if step == b[-1] else int(b[chapter_of(b, step) + 1])
+
+
 def chapter_of(bounds: np.ndarray, step: int) -> int:
     """Index of the chapter holding global step `step`."""
     b = np.asarray(bounds)
@@ -196,6 +205,27 @@ def chapter_plan(plan: EpochPlan, first_step: int, end_step: int) -> EpochPlan:
         sample_ids=tail.sample_ids[:hi],
         lengths=tail.lengths[:hi],
     )
+
+
+class RankPositions:
+    """Where each rank of one world size last said it is, as (epoch, step): a chapter ending at
+    or before every rank's position is needed by none of them. A new world size starts afresh
+    (a resized run restarts every rank)."""
+
+    def __init__(self):
+        self.world_size = 0
+        self._pos: dict[int, tuple[int, int]] = {}
+
+    def move(self, epoch: int, world_size: int, step: int, rank: int) -> None:
+        if world_size != self.world_size:
+            self.world_size, self._pos = world_size, {}
+        self._pos[rank] = (epoch, step)
+
+    def passed(self, epoch: int, step: int) -> bool:
+        """Every rank has said it is at (epoch, step) or beyond."""
+        if len(self._pos) < self.world_size or not self._pos:
+            return False
+        return min(self._pos.values()) >= (epoch, step)
 
 
 # --------------------------------------------------------------------------- read estimate

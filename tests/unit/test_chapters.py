@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from pipeline.core.chapters import (
     DEFAULT_CHAPTER_TOKENS,
     Chapter,
+    RankPositions,
     chapter_bounds,
     chapter_of,
     chapter_plan,
@@ -92,6 +93,10 @@ def test_balanced_cut_uses_the_fewest_chapters_of_equal_size():
     b = chapter_bounds(np.full(100, 10), max_tokens=250)
     assert b.tolist() == [0, 25, 50, 75, 100]  # ceil(1000 / 250) chapters of 250 tokens
     assert chapter_bounds(np.full(10, 1), max_steps=4).tolist() == [0, 3, 7, 10]  # not 4, 4, 2
+    # a token limit that needs fewer chapters than the step limit leaves the steps balanced
+    tok = np.array([1] * 9 + [50])
+    assert chapter_bounds(tok, max_steps=5, max_tokens=1000).tolist() == [0, 5, 10]
+    assert chapter_bounds(tok, max_steps=5, max_tokens=30).tolist() == [0, 5, 9, 10]
     assert chapter_bounds(np.full(5, 1), first_step=7).tolist() == [7, 12]  # no limit: one
 
 
@@ -151,3 +156,15 @@ def test_read_estimate_counts_each_row_group_once_per_chapter_touching_it(inp, s
     assert got["epoch_bytes"] == pytest.approx(sum(got["bytes"]))
     whole = chapter_read_bytes(p, b[[0, -1]], rg[p.sample_ids], rg_bytes)
     assert whole["epoch_bytes"] <= got["epoch_bytes"] + 1e-6
+
+
+def test_a_chapter_is_needed_until_every_rank_of_the_world_has_passed_it():
+    pos = RankPositions()
+    pos.move(0, 2, 10, rank=0)
+    assert not pos.passed(0, 5)  # rank 1 has not said where it is
+    pos.move(0, 2, 4, rank=1)
+    assert pos.passed(0, 4) and not pos.passed(0, 5)
+    pos.move(1, 2, 0, rank=1)
+    assert pos.passed(0, 10) and not pos.passed(0, 11)  # (epoch, step) order
+    pos.move(1, 3, 0, rank=0)  # a resized world: nobody else has spoken yet
+    assert not pos.passed(0, 0)
