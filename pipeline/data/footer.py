@@ -3,28 +3,23 @@
 One small read per file, no tokens. The fingerprint of a row group covers its row count and,
 for input_ids, sample_id, loss_mask and labels, each column chunk's compressed and uncompressed
 size, encodings and min/max/null-count statistics. The index cache is keyed on them (a rewrite
-that keeps size and mtime, as `cp -p` or `rsync -a` do, is rescanned) and `verify_unchanged`
-compares them before each epoch, so a shard rewritten since indexing is named, not delivered.
-A rewrite that keeps every size and every min/max is not seen here; even then every token lies
-in the range the index validated.
+that keeps size and mtime, as `cp -p` or `rsync -a` do, is rescanned). A rewrite after indexing
+is caught where the rows are read: each row group's input_ids digest is compared with the one the
+scan stored (`read.read_row_group`), at no extra I/O.
 """
 
 from __future__ import annotations
 
 import hashlib
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
 
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from pipeline.data._retry import is_transient, retrying
 from pipeline.data.errors import DataError
+from pipeline.data.retry import INDEX_POLICY, is_transient, retrying
 
-if TYPE_CHECKING:
-    from pipeline.data.index import LengthIndex
-
-__all__ = ["read_footers", "row_group_fingerprints", "open_failed", "verify_unchanged"]
+__all__ = ["read_footers", "row_group_fingerprints", "open_failed"]
 
 COLUMNS = ("input_ids", "sample_id", "loss_mask", "labels")
 _THREADS = 16
@@ -76,11 +71,11 @@ def _footer(fs: pafs.FileSystem, path: str) -> tuple[list[str] | None, int]:
     """(row-group fingerprints, or None for a file that is not parquet; retries taken)."""
     counter = [0]
     try:
-        src = retrying(lambda: fs.open_input_file(path), counter)
+        src = retrying(lambda: fs.open_input_file(path), counter, INDEX_POLICY)
     except OSError as e:
         raise open_failed(path, e, counter[0]) from e
     try:
-        md = retrying(lambda: pq.ParquetFile(src).metadata, counter)
+        md = retrying(lambda: pq.ParquetFile(src).metadata, counter, INDEX_POLICY)
     except Exception as e:
         if is_transient(e):
             raise open_failed(path, e, counter[0]) from e
@@ -93,37 +88,3 @@ def read_footers(fs: pafs.FileSystem, files: list[str]) -> tuple[list[list[str] 
     with ThreadPoolExecutor(min(_THREADS, max(1, len(files)))) as ex:
         got = list(ex.map(lambda p: _footer(fs, p), files))
     return [g[0] for g in got], sum(g[1] for g in got)
-
-
-def verify_unchanged(index: LengthIndex, fs: pafs.FileSystem) -> None:
-    """Raise DataError naming every shard (and row group) whose footer changed since indexing.
-
-    Cheap: one footer read per indexed file. Files the index found unusable are skipped (none of
-    their rows are planned).
-    """
-    idx = [i for i, fp in enumerate(index.rg_footers) if fp]
-    problems = []
-    files = [index.files[i] for i in idx]
-    try:
-        now, _ = read_footers(fs, files)
-    except DataError as e:
-        raise DataError(f"{e} (a shard changed since indexing?)") from e
-    for i, cur in zip(idx, now, strict=True):
-        was = index.rg_footers[i]
-        path = index.files[i]
-        if cur is None:
-            problems.append(f"{path}: no longer a readable parquet file")
-        elif len(cur) != len(was):
-            problems.append(f"{path}: {len(cur)} row groups, the index has {len(was)}")
-        else:
-            changed = [g for g, (a, b) in enumerate(zip(cur, was, strict=True)) if a != b]
-            if changed:
-                groups = ", ".join(map(str, changed[:5])) + (", ..." if len(changed) > 5 else "")
-                problems.append(f"{path}: row group {groups} changed (sizes or statistics)")
-    if problems:
-        raise DataError(
-            f"{len(problems)} shard(s) changed since indexing: "
-            + "; ".join(problems[:5])
-            + ("; ..." if len(problems) > 5 else "")
-            + ". Restore them, or delete the index cache to re-index (data.on_bad_rows decides)"
-        )

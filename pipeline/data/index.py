@@ -4,7 +4,7 @@ The steps live in their own modules; this one runs them in order and holds the r
 
     source.py    every cfg.data.* read; the synthetic corpus written on first use
     fs.py        filesystems and shard discovery (data.glob, data.split)
-    footer.py    per-row-group footer fingerprints; verify_unchanged before each epoch
+    footer.py    per-row-group footer fingerprints (the cache key)
     cache.py     the scan table cached under the dataset fingerprint (paths, sizes, footers)
     scan.py      the scan: one Ray Data task per shard, per-row facts, no tokens to the driver
     validate.py  contract 10: reasons, duplicates, quarantine
@@ -22,7 +22,7 @@ import numpy as np
 from pipeline.core.config import RunConfig
 from pipeline.data.cache import cache_dir_for, dataset_fingerprint, load_cached, save_cache
 from pipeline.data.errors import DataError
-from pipeline.data.footer import read_footers, verify_unchanged
+from pipeline.data.footer import read_footers
 from pipeline.data.fs import filesystem_for, list_shards
 from pipeline.data.scan import ROW_BITS, derived_sample_ids
 from pipeline.data.scan import scan_all as _scan_all
@@ -40,7 +40,6 @@ __all__ = [
     "list_shards",
     "derived_sample_ids",
     "top_edge",
-    "verify_unchanged",
 ]
 
 log = logging.getLogger("bucketray.data")

@@ -18,8 +18,8 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from pipeline.data._retry import is_transient, retrying
 from pipeline.data.footer import open_failed
+from pipeline.data.retry import INDEX_POLICY, is_transient, retrying
 
 __all__ = [
     "Flag",
@@ -246,7 +246,7 @@ def _read_file(path: str, file_idx: int, fs: pafs.FileSystem, counter: list[int]
     """One attempt at a shard's facts; transient errors propagate (the caller retries)."""
     row = _empty()
     try:
-        src = retrying(lambda: fs.open_input_file(path), counter)
+        src = retrying(lambda: fs.open_input_file(path), counter, INDEX_POLICY)
     except OSError as e:
         return {**row, "fatal": str(open_failed(path, e, counter[0]))}
     try:
@@ -285,8 +285,8 @@ def scan_file(path: str, file_idx: int, fs: pafs.FileSystem) -> dict:
     counter = [0]
     base = {"file_idx": file_idx, "path": path, "error": None, "fatal": None}
     try:
-        out = retrying(lambda: _read_file(path, file_idx, fs, counter), counter)
-    except Exception as e:  # transient, tried ATTEMPTS times
+        out = retrying(lambda: _read_file(path, file_idx, fs, counter), counter, INDEX_POLICY)
+    except Exception as e:  # transient, tried INDEX_POLICY.attempts times
         out = {**_empty(), "fatal": str(open_failed(path, e, counter[0]))}
     return {**base, **out, "retries": counter[0]}
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pipeline.core.config import ModelConfig
-from pipeline.data.feed import MicroBatch
+from pipeline.data.rechunk import MicroBatch
 from pipeline.learn.model import build_model
 from pipeline.train.loop import train_group
 

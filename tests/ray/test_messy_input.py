@@ -15,10 +15,16 @@ import pyarrow.parquet as pq
 import pytest
 
 import pipeline.data.index
-from pipeline.data import DataError, build_length_index, rank_batches, start_feeder, stop_feeder
-from pipeline.data.index import Reason, verify_unchanged
+from pipeline.data import (
+    DataError,
+    build_length_index,
+    rank_batches,
+    start_feeder,
+    stop_feeder,
+)
+from pipeline.data.index import Reason
 from pipeline.data.scan import input_ids_digest
-from tests.ray.flaky_fs import FlakyHandler, failures
+from tests.flaky_fs import flaky_fs, opens
 from tests.ray.test_bad_input import EDGES, ROWS, VOCAB, cfg_for, dataset, good_rows, write
 
 pytestmark = pytest.mark.ray
@@ -217,23 +223,25 @@ def test_rewrite_keeping_size_and_mtime_is_rescanned(cluster, tmp_path):
     assert first.num_samples == 2 * ROWS
 
 
-def test_verify_unchanged_names_the_rewritten_file_and_row_group(cluster, tmp_path):
+def test_shard_rewritten_after_indexing_is_named_when_its_rows_are_read(cluster, tmp_path):
     d = _plain_dataset(tmp_path)
-    index = build_length_index(cfg_for(d))
-    fs = pafs.LocalFileSystem()
-    verify_unchanged(index, fs)  # nothing changed: no error
+    cfg = cfg_for(d)
+    index = build_length_index(cfg)
 
-    def all_fives(tokens):  # valid tokens, other values
+    def all_fives(tokens):  # valid tokens, same ids and lengths, other values
         tokens[:] = [[5] * len(t) for t in tokens]
 
     _rewrite_keeping_size_and_mtime(d / "b.parquet", all_fives)
-    with pytest.raises(DataError) as e:
-        verify_unchanged(index, fs)
+    name = f"messy-rewrite-{tmp_path.name}"
+    start_feeder(cfg, index, EDGES, name=name, path=str(d), prefetch=False)
+    try:
+        with pytest.raises(DataError) as e:
+            for _ in rank_batches(name, epoch=0, start_step=0, rank=0, world_size=1):
+                pass
+    finally:
+        stop_feeder(name)
     msg = str(e.value)
-    assert f"{d / 'b.parquet'}: row group 0 changed" in msg and "a.parquet" not in msg, msg
-    os.remove(d / "a.parquet")
-    with pytest.raises(DataError, match="a.parquet: cannot open the file"):
-        verify_unchanged(index, fs)
+    assert f"{d / 'b.parquet'}: row group 0 changed since indexing" in msg, msg
 
 
 def test_row_group_digests_match_what_delivery_reads_back(cluster, tmp_path):
@@ -279,34 +287,34 @@ def test_every_row_quarantined_is_refused_with_counts(cluster, tmp_path):
 # --------------------------------------------------------------------------- flaky storage
 
 
-def _flaky(monkeypatch, tmp_path, **kw):
-    handler = FlakyHandler(tmp_path / "failures.txt", ("a.parquet",), **kw)
-    fs = pafs.PyFileSystem(handler)
+def _flaky(monkeypatch, tmp_path, **kw) -> pafs.FileSystem:
+    fs = flaky_fs("/a.parquet", tmp_path / "opens.txt", **kw)
     monkeypatch.setattr(pipeline.data.index, "filesystem_for", lambda p: (fs, os.path.abspath(p)))
-    return tmp_path / "failures.txt"
+    return fs
 
 
 def test_transient_storage_errors_in_the_scan_are_retried_and_counted(
     cluster, tmp_path, monkeypatch
 ):
     d = dataset(tmp_path, lambda d: None)
-    counter = _flaky(
-        monkeypatch, tmp_path, fail_times=3, message="AWS Error SLOW_DOWN (HTTP status 503)"
+    fs = _flaky(
+        monkeypatch, tmp_path, fail_count=3, message="AWS Error SLOW_DOWN (HTTP status 503)"
     )
     index = build_length_index(cfg_for(d))
     assert index.num_samples == 2 * ROWS
-    assert failures(counter) == 3 and index.io_retries == 3
+    # Three failed opens, each retried and counted, then the opens that succeeded.
+    assert index.io_retries == 3 and opens(fs) > 3
 
 
 def test_non_transient_storage_error_names_the_file_and_is_not_retried(
     cluster, tmp_path, monkeypatch
 ):
     d = dataset(tmp_path, lambda d: None)
-    counter = _flaky(
-        monkeypatch, tmp_path, fail_times=99, error=PermissionError, message="Permission denied"
+    fs = _flaky(
+        monkeypatch, tmp_path, fail_count=99, error=PermissionError, message="Permission denied"
     )
     with pytest.raises(DataError) as e:
         build_length_index(cfg_for(d))
     msg = str(e.value)
     assert f"{d / 'a.parquet'}: cannot open the file" in msg and "not retried" in msg, msg
-    assert failures(counter) == 1
+    assert opens(fs) == 1

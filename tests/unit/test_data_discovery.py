@@ -8,7 +8,7 @@ import errno
 import pyarrow.fs as pafs
 import pytest
 
-from pipeline.data import _retry
+from pipeline.data import retry
 from pipeline.data.errors import DataError
 from pipeline.data.fs import list_shards, split_of
 
@@ -91,11 +91,11 @@ def test_shards_only_in_subfolders_are_refused_naming_data_glob(tmp_path):
     ],
 )
 def test_transient_errors_are_told_apart(err, transient):
-    assert _retry.is_transient(err) is transient
+    assert retry.is_transient(err) is transient
 
 
-def test_retrying_counts_retries_and_gives_up(monkeypatch):
-    monkeypatch.setattr(_retry, "BASE_DELAY_S", 0.0)
+def test_retrying_counts_retries_and_gives_up():
+    policy = retry.RetryPolicy(attempts=5, backoff_s=0.0)
     calls, counter = [], [0]
 
     def flaky():
@@ -104,14 +104,14 @@ def test_retrying_counts_retries_and_gives_up(monkeypatch):
             raise OSError("503 Service Unavailable")
         return "ok"
 
-    assert _retry.retrying(flaky, counter) == "ok" and counter == [2]
+    assert retry.retrying(flaky, counter, policy) == "ok" and counter == [2]
 
     def always():
         raise OSError("503 Service Unavailable")
 
     counter = [0]
     with pytest.raises(OSError):
-        _retry.retrying(always, counter, attempts=4)
+        retry.retrying(always, counter, retry.RetryPolicy(attempts=4, backoff_s=0.0))
     assert counter == [3]
 
     def denied():
@@ -119,5 +119,5 @@ def test_retrying_counts_retries_and_gives_up(monkeypatch):
 
     counter = [0]
     with pytest.raises(PermissionError):
-        _retry.retrying(denied, counter)
+        retry.retrying(denied, counter, policy)
     assert counter == [0]

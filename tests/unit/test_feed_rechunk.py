@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from pipeline.core.collate import IGNORE_INDEX
 from pipeline.core.config import BatchingConfig
 from pipeline.core.plan import epoch_plan
-from pipeline.data.feed import deliver
+from pipeline.data.rechunk import deliver
 
 EDGES = [0, 8, 24, 64]
 
@@ -176,3 +176,27 @@ def test_stream_shorter_than_plan_raises():
     blocks = _blocks(view.sample_ids, tokens, masks, [0, 10], False)
     with pytest.raises(RuntimeError, match="ended after 10 of 40 planned rows"):
         list(deliver(view, blocks, epoch=0, edges=EDGES))
+
+
+@pytest.mark.parametrize("skip", [0, 1, 5, 11])
+def test_contract7_skipping_micro_batches_continues_an_interrupted_stream(skip):
+    ids, lengths, tokens, masks = _corpus(60, 5)
+    view = _single_rank_view(ids, lengths)
+    total = int(view.offsets[-1])
+    blocks = _blocks(view.sample_ids, tokens, masks, [0, 7, 20, 33, total], False)
+    full = list(deliver(view, blocks, epoch=0, edges=EDGES))
+    rest = list(deliver(view, blocks, epoch=0, edges=EDGES, skip=skip))
+    assert len(rest) == len(full) - skip
+    for a, b in zip(full[skip:], rest, strict=True):
+        assert a.step == b.step and np.array_equal(a.sample_ids, b.sample_ids)
+        assert (a.input_ids == b.input_ids).all() and (a.labels == b.labels).all()
+
+
+def test_skipped_rows_are_still_checked_against_the_plan():
+    ids, lengths, tokens, masks = _corpus(40, 6)
+    view = _single_rank_view(ids, lengths)
+    swapped = view.sample_ids.copy()
+    swapped[[0, 1]] = swapped[[1, 0]]
+    blocks = _blocks(swapped, tokens, masks, [0, 20, swapped.size], False)
+    with pytest.raises(RuntimeError, match="delivered sample_id"):
+        list(deliver(view, blocks, epoch=0, edges=EDGES, skip=3))

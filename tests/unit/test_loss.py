@@ -13,7 +13,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from pipeline.core.collate import IGNORE_INDEX, collate
 from pipeline.core.config import ModelConfig
-from pipeline.data.feed import MicroBatch
+from pipeline.data.rechunk import MicroBatch
 from pipeline.learn.loss import ddp_loss_scale, supervised_tokens, token_sums
 from pipeline.learn.model import build_model
 from pipeline.train.loop import train_group

@@ -1,0 +1,60 @@
+"""What the feeder hands a worker for one (epoch, world size, start step, rank), and its checks.
+
+One frozen object instead of a loose dict: the rank's plan view, the ordered refs of its sorted
+blocks, what padding needs, and the identity of the plan it was cut from. The worker checks that
+identity before it trains on a row: the part must answer its own request, and the plan's hash
+must equal the one the driver planned (and the checkpoint recorded), so a feeder serving another
+config, index or edges is refused instead of silently delivering a different order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeline.core.plan import RankView
+
+__all__ = ["RankPart", "PlanMismatchError"]
+
+
+class PlanMismatchError(RuntimeError):
+    """The feeder's plan is not the one this worker was told to train on."""
+
+
+@dataclass(frozen=True, eq=False)
+class RankPart:
+    """Rank `rank`'s share of one prepared epoch (plan rows from `start_step` on)."""
+
+    epoch: int
+    world_size: int
+    start_step: int
+    rank: int
+    prep_id: str  # which preparation of this key the blocks come from
+    plan_hash: str  # content hash of the whole epoch's plan (EpochPlan.content_hash)
+    view: RankView  # the rank's rows, micro-batches and steps from start_step on
+    refs: tuple  # ObjectRefs of the rank's sorted blocks, in plan order
+    edges: tuple[int, ...]
+    pad_id: int
+    pad_to_multiple_of: int
+    supervision: str  # "", "loss_mask" or "labels": what the blocks' `sup` column holds
+    read_retries: int = 0  # transient read errors retried while preparing this epoch
+
+    def check(
+        self,
+        *,
+        epoch: int,
+        world_size: int,
+        start_step: int,
+        rank: int,
+        plan_hash: str | None = None,
+    ) -> None:
+        """Raise unless this part answers (epoch, world_size, start_step, rank) of `plan_hash`."""
+        got = (self.epoch, self.world_size, self.start_step, self.rank, self.view.rank)
+        want = (epoch, world_size, start_step, rank, rank)
+        assert got == want, f"feeder answered {got} to the request {want}"  # our own protocol
+        if plan_hash is not None and plan_hash != self.plan_hash:
+            raise PlanMismatchError(
+                f"epoch {epoch}: the feeder's plan has hash {self.plan_hash}, this run planned "
+                f"{plan_hash}: the feeder was started from another config, index or edges than "
+                "the training run (or the data changed between them); start both from one driver "
+                "(python -m jobs.train) and the hashes agree"
+            )

@@ -1,0 +1,267 @@
+"""The read task: row groups holding planned samples -> rows with their sort keys, checked.
+
+`plan_read_units` groups an epoch's planned samples by (file, row group); one Ray Data task per
+group (`read_units`) reads it with pyarrow, keeps the planned rows, checks them against the index
+and the model, and attaches each row's key. A read that fails transiently (throttling, 5xx, a
+reset connection) is retried with backoff (`pipeline.data.retry`) and counted; only a difference
+in sample ids or lengths is reported as the file having changed. Files are opened here rather
+than through `ray.data.read_parquet` because only a few rows of a row group may be planned
+(resume, quarantine) and every row must be matched to its key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from pipeline.core.collate import IGNORE_INDEX, labels_from_mask
+from pipeline.data.index import DataError, LengthIndex
+from pipeline.data.retry import RetryPolicy, StorageUnavailableError, with_retries
+from pipeline.data.scan import input_ids_digest
+
+__all__ = ["ReadSpec", "plan_read_units", "read_row_group", "read_units"]
+
+
+@dataclass(frozen=True)
+class ReadSpec:
+    """What every read task of an epoch shares: the files and how to deliver their rows."""
+
+    files: tuple[str, ...]
+    has_sample_id: tuple[bool, ...]  # per file: sample_id column present (else derived)
+    supervision: str  # "", "loss_mask" or "labels": the dataset's, whatever this file holds
+    truncate_to: int | None
+    vocab_size: int
+    retry: RetryPolicy = RetryPolicy()
+    # Per file: the index's digest of each row group's input_ids; () where there is none.
+    rg_digests: tuple[tuple[str, ...], ...] = ()
+
+    @classmethod
+    def of(cls, index: LengthIndex, vocab_size: int, retry: RetryPolicy) -> ReadSpec:
+        return cls(
+            tuple(index.files),
+            tuple(index.has_sample_id),
+            index.supervision,
+            index.truncate_to,
+            int(vocab_size),
+            retry,
+            tuple(tuple(d) for d in index.rg_digests),
+        )
+
+    @property
+    def id_type(self):
+        """Narrowest token dtype for the vocabulary: int32 halves the bytes sorted and shipped."""
+        return np.int32 if self.vocab_size <= np.iinfo(np.int32).max else np.int64
+
+
+def plan_read_units(index: LengthIndex, sample_ids: np.ndarray, keys: np.ndarray) -> dict:
+    """Group planned samples by (file, row group): the read work list and its row/key arrays.
+
+    Returns units (file_idx, row_group, row_start) and, ordered by unit then row, the local rows
+    to take, their keys, sample ids and indexed lengths, with `ptr` delimiting each unit's slice.
+    """
+    pos = np.searchsorted(index.sample_ids, sample_ids)
+    if sample_ids.size and not np.array_equal(
+        index.sample_ids[np.minimum(pos, index.num_samples - 1)], sample_ids
+    ):
+        raise AssertionError("plan holds sample ids that are not in the index")  # our invariant
+    fidx = index.file_idx[pos].astype(np.int64)
+    rows = index.rows[pos]
+    # Global row-group table: one row per (file, row group) with its first row inside the file.
+    rg_file = np.concatenate(
+        [np.full(len(r), f, np.int64) for f, r in enumerate(index.row_groups)]
+        or [np.zeros(0, np.int64)]
+    )
+    rg_start = np.concatenate(
+        [np.cumsum([0, *r[:-1]]) if r else np.zeros(0, np.int64) for r in index.row_groups]
+        or [np.zeros(0, np.int64)]
+    ).astype(np.int64)
+    rg_num = np.concatenate(
+        [np.arange(len(r)) for r in index.row_groups] or [np.zeros(0, np.int64)]
+    ).astype(np.int64)
+    # Rows of the whole dataset numbered file after file, to find each row's row group at once.
+    file_rows = np.array([sum(r) for r in index.row_groups], dtype=np.int64)
+    file_base = np.concatenate([[0], np.cumsum(file_rows)[:-1]]).astype(np.int64)
+    unit = np.searchsorted(file_base[rg_file] + rg_start, file_base[fidx] + rows, side="right") - 1
+    order = np.lexsort((rows, unit))
+    unit, rows, keys_o, sids = unit[order], rows[order], keys[order], sample_ids[order]
+    lens = index.lengths[pos][order]
+    present, first = np.unique(unit, return_index=True)
+    ptr = np.concatenate([first, [unit.size]]).astype(np.int64)
+    return {
+        "file_idx": rg_file[present],
+        "row_group": rg_num[present],
+        "local_rows": rows - rg_start[unit],
+        "keys": keys_o,
+        "sample_ids": sids,
+        "lengths": lens,
+        "ptr": ptr,
+    }
+
+
+def _flat_list(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(values of the rows back to back, lengths), respecting any slice of `arr`."""
+    return pc.list_flatten(arr).to_numpy(), pc.list_value_length(arr).to_numpy().astype(np.int64)
+
+
+def _read_table(fs: pafs.FileSystem, path: str, g: int, has_sid: bool, retry: RetryPolicy):
+    """(row group `g` of `path`, retries it took); transient failures are retried."""
+
+    def read() -> pa.Table:
+        pf = pq.ParquetFile(fs.open_input_file(path))
+        cols = ["input_ids"] + (["sample_id"] if has_sid else [])
+        cols += [c for c in ("loss_mask", "labels") if c in pf.schema_arrow.names]
+        return pf.read_row_group(g, columns=cols)
+
+    try:
+        return with_retries(read, what=f"{path}: row group {g}", policy=retry)
+    except StorageUnavailableError:
+        raise  # names the file; an outage, not a data problem: a restart may get through
+    except (OSError, pa.ArrowException) as e:  # pyarrow's own message does not name the file
+        raise DataError(
+            f"{path}: row group {g} became unreadable since indexing ({type(e).__name__}: {e}); "
+            "restore the file, or delete the index cache to re-index it (data.on_bad_rows then "
+            "decides)"
+        ) from e
+
+
+def _check_token_range(vals, path, g, local, sids, lens, vocab: int, what: str) -> None:
+    """Every token in [0, vocab), checked on the file's own dtype before any narrowing cast."""
+    if vals.size == 0:
+        return
+    ok_lo = vals.min() >= 0 if vals.dtype.kind == "i" else True
+    if ok_lo and vals.max() < vocab:
+        return
+    bad = (vals >= vocab) if vals.dtype.kind != "i" else (vals < 0) | (vals >= vocab)
+    if what == "labels":
+        bad &= vals != IGNORE_INDEX
+        if not bad.any():
+            return
+    k = int(np.flatnonzero(bad)[0])
+    i = int(np.searchsorted(np.cumsum(lens), k, side="right"))
+    raise DataError(
+        f"{path}: row group {g} row {int(local[i])} (sample_id {int(sids[i])}) has {what} value "
+        f"{vals[k]} outside [0, model.vocab_size={vocab}): fix the data or model.vocab_size "
+        "(an index cache written before the file was rewritten is not re-validated: delete it)"
+    )
+
+
+def _supervision(t: pa.Table, vals: np.ndarray, kind: str) -> np.ndarray | None:
+    """Flat supervision values of the dataset's `kind`, whichever column this file has."""
+    names = t.column_names
+    if kind == "labels":
+        if "labels" in names:
+            return _flat_list(t["labels"].combine_chunks())[0]
+        if "loss_mask" in names:
+            return labels_from_mask(vals, _flat_list(t["loss_mask"].combine_chunks())[0])
+        return vals
+    if kind == "loss_mask":
+        if "loss_mask" in names:
+            return _flat_list(t["loss_mask"].combine_chunks())[0].astype(np.int8)
+        return np.ones(vals.size, np.int8)
+    return None
+
+
+def _truncate(vals, sup, lens, to: int):
+    """Keep each row's first `to` tokens (data.over_length=truncate), vectorized."""
+    starts = np.cumsum(lens) - lens
+    keep = np.minimum(lens, to)
+    idx = np.repeat(starts - (np.cumsum(keep) - keep), keep) + np.arange(int(keep.sum()))
+    return vals[idx], (None if sup is None else sup[idx]), keep
+
+
+def read_row_group(
+    fs: pafs.FileSystem, spec: ReadSpec, f: int, g: int, local, keys, sids, lengths
+) -> tuple[pa.Table, int]:
+    """Planned rows `local` of row group `g` of file `f`, keyed; (table, read retries).
+
+    Checks every row's sample id and length against the index and every token (and label)
+    against the model's vocabulary before anything is narrowed or shipped.
+    """
+    path = spec.files[f]
+    t, retries = _read_table(fs, path, g, spec.has_sample_id[f], spec.retry)
+    known = spec.rg_digests[f] if f < len(spec.rg_digests) else ()
+    rewritten = bool(known) and input_ids_digest(t["input_ids"]) != known[g]
+    if not (local.size == t.num_rows and np.array_equal(local, np.arange(t.num_rows))):
+        t = t.take(pa.array(local))  # resume or quarantine: keep only planned rows
+    if spec.has_sample_id[f]:
+        got = t["sample_id"].to_numpy()
+        if not np.array_equal(got, sids):
+            i = int(np.flatnonzero(got != sids)[0])
+            raise DataError(
+                f"{path}: row group {g} row {int(local[i])} has sample_id {int(got[i])}, the index "
+                f"says {int(sids[i])}: the file changed since indexing; delete the index cache"
+            )
+    vals, lens = _flat_list(t["input_ids"].combine_chunks())
+    _check_token_range(vals, path, g, local, sids, lens, spec.vocab_size, "token")
+    sup = _supervision(t, vals, spec.supervision)
+    if spec.supervision == "labels" and "labels" in t.column_names:
+        _check_token_range(sup, path, g, local, sids, lens, spec.vocab_size, "labels")
+    if rewritten:  # after the checks above, which name a sample when one is out of range
+        raise DataError(
+            f"{path}: row group {g} changed since indexing (its tokens differ from the indexed "
+            "content, e.g. rewritten with `cp -p`): restore the file, or delete the index cache "
+            "to index it again"
+        )
+    if spec.truncate_to is not None and lens.size and lens.max() > spec.truncate_to:
+        vals, sup, lens = _truncate(vals, sup, lens, spec.truncate_to)
+    changed = np.flatnonzero(lens != lengths)
+    if changed.size:
+        i = int(changed[0])
+        raise DataError(
+            f"{path}: row group {g} row {int(local[i])} (sample_id {int(sids[i])}) has length "
+            f"{int(lens[i])}, the index says {int(lengths[i])}: the file changed since indexing; "
+            "delete the index cache"
+        )
+    offsets = pa.array(np.concatenate([[0], np.cumsum(lens)]).astype(np.int64))
+    cols = {
+        "key": pa.array(keys, pa.int64()),
+        "sample_id": pa.array(sids, pa.int64()),
+        "input_ids": pa.LargeListArray.from_arrays(
+            offsets, pa.array(vals.astype(spec.id_type, copy=False))
+        ),
+    }
+    if sup is not None:
+        sup_type = np.int8 if spec.supervision == "loss_mask" else spec.id_type
+        cols["sup"] = pa.LargeListArray.from_arrays(
+            offsets, pa.array(sup.astype(sup_type, copy=False))
+        )
+    return pa.table(cols), retries
+
+
+def read_units(batch: pa.Table, fs, units_ref, spec: ReadSpec, on_retries=None) -> pa.Table:
+    """Ray Data `map_batches` function: read each unit of `batch` (see `plan_read_units`).
+
+    `units_ref` is `[ObjectRef]` of the units dict (refs in fn_kwargs are not dereferenced);
+    `on_retries(n)`, when given, is called with the retries this batch needed, if any.
+    """
+    import ray
+
+    u = ray.get(units_ref[0])
+    out, retries = [], 0
+    for j, f, g in zip(
+        batch["u"].to_pylist(),
+        batch["file_idx"].to_pylist(),
+        batch["row_group"].to_pylist(),
+        strict=True,
+    ):
+        lo, hi = u["ptr"][j], u["ptr"][j + 1]
+        t, r = read_row_group(
+            fs,
+            spec,
+            f,
+            g,
+            u["local_rows"][lo:hi],
+            u["keys"][lo:hi],
+            u["sample_ids"][lo:hi],
+            u["lengths"][lo:hi],
+        )
+        out.append(t)
+        retries += r
+    if retries and on_retries is not None:
+        on_retries(retries)
+    return pa.concat_tables(out)

@@ -1,0 +1,106 @@
+"""A rank's micro-batch stream inside a Ray Train worker: ask the feeder, fetch blocks, pad.
+
+The worker asks the feeder for its part of (epoch, world size, start step), checks the answer
+(`RankPart.check`: the request it answers and, given the run's plan hash, the plan), fetches the
+part's blocks in order while the previous one is padded, and re-chunks them (`rechunk.deliver`).
+If the feeder dies, its blocks die with it (it owns them): Ray restarts the feeder, and the
+stream asks again for the same part, skips the micro-batches it already yielded and goes on, so
+the sequence is the one an undisturbed stream gives. Every rank asks for the same key, so the
+restarted feeder sorts the epoch once for all of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+
+import pyarrow as pa
+
+from pipeline.data.protocol import RankPart
+from pipeline.data.rechunk import MicroBatch, deliver
+
+__all__ = ["rank_batches", "FeederLostError", "MAX_FEEDER_LOSSES"]
+
+log = logging.getLogger("bucketray.data")
+
+# Losses of the feeder (or of its blocks) one stream rides through before it gives up and lets
+# Ray Train restart the workers from their last checkpoint. The feeder itself restarts a bounded
+# number of times (feeder.FEEDER_MAX_RESTARTS), so this only bounds the work a stream repeats.
+MAX_FEEDER_LOSSES = 3
+
+
+class FeederLostError(RuntimeError):
+    """The feeder or its blocks were lost more often than a stream rides through."""
+
+
+def _prefetched_blocks(refs, ahead: int = 2) -> Iterator[pa.Table]:
+    """Yield the blocks in order, asking Ray to pull the next `ahead` while one is padded."""
+    import ray
+
+    for i, ref in enumerate(refs):
+        nxt = list(refs[i + 1 : i + 1 + ahead])
+        if nxt:
+            ray.wait(nxt, num_returns=len(nxt), timeout=0, fetch_local=True)
+        yield ray.get(ref)
+
+
+def rank_batches(
+    feeder_name: str,
+    *,
+    epoch: int,
+    start_step: int,
+    rank: int,
+    world_size: int,
+    pin_memory: bool = False,
+    plan_hash: str | None = None,
+) -> Iterator[MicroBatch]:
+    """This rank's micro-batches of `epoch` from global step `start_step` on, one per step.
+
+    `plan_hash`, the hash of the epoch's plan as the driver computed it (and the checkpoint
+    recorded), makes the stream refuse a feeder serving another plan (`PlanMismatchError`).
+    """
+    import ray
+    from ray.exceptions import ObjectLostError, RayActorError
+
+    feeder = ray.get_actor(feeder_name)
+    yielded, stale = 0, None
+    for loss in range(MAX_FEEDER_LOSSES + 1):
+        try:
+            part: RankPart = ray.get(feeder.part.remote(epoch, world_size, start_step, rank, stale))
+            part.check(
+                epoch=epoch,
+                world_size=world_size,
+                start_step=start_step,
+                rank=rank,
+                plan_hash=plan_hash,
+            )
+            stale = part.prep_id
+            for mb in deliver(
+                part.view,
+                _prefetched_blocks(part.refs),
+                epoch=epoch,
+                edges=part.edges,
+                pad_id=part.pad_id,
+                pad_to_multiple_of=part.pad_to_multiple_of,
+                supervision=part.supervision,
+                pin_memory=pin_memory,
+                skip=yielded,
+            ):
+                yield mb
+                yielded += 1
+            return
+        except (ObjectLostError, RayActorError) as e:
+            if getattr(e, "actor_init_failed", False):
+                raise  # the feeder cannot start at all: asking again would fail the same way
+            where = (
+                f"rank {rank} epoch {epoch} after {yielded} micro-batches from step {start_step}"
+            )
+            if loss == MAX_FEEDER_LOSSES:
+                raise FeederLostError(
+                    f"{where}: the feeder '{feeder_name}' or its blocks were lost "
+                    f"{loss + 1} times ({type(e).__name__}); giving up so Ray Train restarts "
+                    "the workers from the last checkpoint"
+                ) from e
+            log.warning("%s: feeder blocks lost (%s); asking the feeder again", where, e)
+            time.sleep(min(2.0**loss, 10.0))  # a restarting feeder needs a moment anyway
