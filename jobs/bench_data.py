@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from pipeline.bench.delivery import measure_delivery
+from pipeline.bench.delivery import measure_chapters, measure_delivery
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -19,7 +19,24 @@ def main(argv: list[str] | None = None) -> dict:
         "--address", default="local", help="Ray address: local (private cluster) or auto"
     )
     p.add_argument("--json-out", default=None, help="also write the result JSON here")
+    p.add_argument(
+        "--chapter-tokens",
+        default=None,
+        help="instead: one cold epoch per chapter size, comma-separated (0: the whole epoch), "
+        "e.g. 0,33554432; time to first step and peak object store",
+    )
     a = p.parse_args(argv)
+    if a.chapter_tokens is not None:
+        sizes = [int(x) or None for x in a.chapter_tokens.split(",")]
+        rows = measure_chapters(
+            a.num_samples, a.consumers, sizes, shards=a.shards, data_dir=a.data_dir
+        )
+        for row in rows:
+            print(json.dumps(row))
+        if a.json_out:
+            with open(a.json_out, "w") as f:
+                json.dump(rows, f, indent=2)
+        return {"chapters": rows}
     r = measure_delivery(
         a.num_samples,
         a.consumers,
