@@ -2,13 +2,17 @@
 
 Measures, in one run on the same data and model, padding and planning cost per batching policy,
 training throughput under each policy, training-signal quality and data delivery; writes the
-Markdown document, the JSON it is rendered from, and PNG plots.
+Markdown document, the JSON it is rendered from, and PNG plots. A trial run (--quick, a --skip-*
+flag, --train-repeats or --train-samples) writes under out/bench-trial/ unless --out, --json or
+--plots say otherwise, so it never replaces the tracked results; every file is written in full
+beside its target and moved into place only once the run has succeeded.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -19,16 +23,17 @@ from pipeline.bench.suite import GPU_METRICS, SuiteOptions, run_suite
 from pipeline.core.synthetic import PRESETS
 
 PROG = "python -m jobs.benchmark"
+# (markdown, json, plots): the tracked outputs of a full run, and where a trial run writes.
+TRACKED = ("BENCHMARKS.md", "benchmarks/results.json", "benchmarks")
+TRIAL = ("out/bench-trial/BENCHMARKS.md", "out/bench-trial/results.json", "out/bench-trial")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="BENCHMARKS.md", help="Markdown output (default %(default)s)")
+    p.add_argument("--out", help=f"Markdown output (default {TRACKED[0]}; trial runs: {TRIAL[0]})")
+    p.add_argument("--json", help=f"results JSON (default {TRACKED[1]}; trial runs: {TRIAL[1]})")
     p.add_argument(
-        "--json", default="benchmarks/results.json", help="results JSON (default %(default)s)"
-    )
-    p.add_argument(
-        "--plots", default="benchmarks", help="folder for the PNGs (default %(default)s)"
+        "--plots", help=f"folder for the PNGs (default {TRACKED[2]}; trial runs: {TRIAL[2]})"
     )
     p.add_argument(
         "--quick", action="store_true", help="smoke run of every section at small scale (~3 min)"
@@ -98,10 +103,38 @@ def splice_headline(text: str, headline: str) -> str | None:
     return text[: a + len(HEADLINE_START)] + "\n" + headline.strip() + "\n" + text[b:]
 
 
+def is_trial(args: argparse.Namespace) -> bool:
+    """A run whose results are not the full measurement (smoke scale, skipped sections)."""
+    return bool(
+        args.quick
+        or args.skip_training
+        or args.skip_delivery
+        or args.skip_scale
+        or args.train_repeats is not None
+        or args.train_samples is not None
+    )
+
+
+def output_paths(args: argparse.Namespace) -> tuple[str, str, str]:
+    """(markdown, json, plots): the flags given, else the tracked paths, or the trial paths."""
+    default = TRIAL if is_trial(args) else TRACKED
+    return args.out or default[0], args.json or default[1], args.plots or default[2]
+
+
+def write_atomic(path: str | Path, text: str) -> None:
+    """Write beside `path`, then move into place: a failure never leaves a half-written file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def _saver(path: str):
+    """Progress saves during the run go to `<json>.partial`, never over the results."""
+
     def save(results: dict) -> None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(results, indent=1) + "\n")
+        write_atomic(f"{path}.partial", json.dumps(results, indent=1) + "\n")
 
     return save
 
@@ -116,28 +149,30 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
+    out, js, plots = output_paths(args)
     if args.from_json:
         results = json.loads(Path(args.from_json).read_text())
     else:
-        results = run_suite(options(args), command=command, log=log, save=_saver(args.json))
-    results["plots"] = plot_all(results, args.plots)
-    for path in (args.out, args.json):
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
-    Path(args.out).write_text(render_markdown(results, doc_path=args.out, json_path=args.json))
-    # The README's headline: the same table, generated, for the README to include or copy.
-    headline = Path(args.plots) / "headline.md"
-    headline.write_text(render_headline(results, doc_path=args.out) + "\n")
+        results = run_suite(options(args), command=command, log=log, save=_saver(js))
+    results["plots"] = plot_all(results, plots)
+    # Everything rendered first, then written: a rendering error replaces nothing.
+    texts = {
+        js: json.dumps(results, indent=1) + "\n",
+        out: render_markdown(results, doc_path=out, json_path=js),
+        # The README's headline: the same table, generated, for the README to include or copy.
+        Path(plots) / "headline.md": render_headline(results, doc_path=out) + "\n",
+    }
+    for path, text in texts.items():
+        write_atomic(path, text)
+    Path(f"{js}.partial").unlink(missing_ok=True)
+    headline = Path(plots) / "headline.md"
     readme = Path(args.readme) if args.readme else None
     if readme is not None and readme.is_file():
         spliced = splice_headline(readme.read_text(), headline.read_text())
         if spliced is not None:
-            readme.write_text(spliced)
+            write_atomic(readme, spliced)
             log(f"updated the headline in {readme}")
-    log(
-        f"wrote {args.out}, {args.json}, {headline} and {len(results['plots'])} plots in "
-        f"{args.plots}/"
-    )
+    log(f"wrote {out}, {js}, {headline} and {len(results['plots'])} plots in {plots}/")
     return 0
 
 

@@ -60,20 +60,37 @@ def _watch(peaks: dict, stop: threading.Event) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m jobs.measure_memory", description=__doc__)
-    ap.add_argument("--config", default="configs/local.yaml")
-    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--config", default="configs/local.yaml", help="YAML run config")
+    ap.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config field (repeatable), on top of the 100K-sample preset",
+    )
     args = ap.parse_args(argv)
     os.environ.setdefault("WANDB_MODE", "disabled")
-    import ray
 
-    from pipeline.core.config import load_config
-    from pipeline.train.launch import run
+    from pipeline.core.config import ConfigError, load_config
 
     with tempfile.TemporaryDirectory(prefix="bucketray-mem-") as tmp:
-        cfg = load_config(
-            args.config,
-            [*PRESET, f"checkpoint.storage_path={tmp}", "checkpoint.run_name=mem", *args.overrides],
-        )
+        try:
+            cfg = load_config(
+                args.config,
+                [
+                    *PRESET,
+                    f"checkpoint.storage_path={tmp}",
+                    "checkpoint.run_name=mem",
+                    *args.overrides,
+                ],
+            )
+        except ConfigError as e:  # a missing or invalid config: a usage error, not a traceback
+            ap.error(" ".join(str(e).split()))
+        import ray
+
+        from pipeline.train.launch import run  # after validation: a typo fails before Ray loads
+
         ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
         peaks: dict = {}
         stop = threading.Event()

@@ -1,15 +1,29 @@
 """Train: `python -m jobs.train --config configs/local.yaml [--set train.lr=3e-4 ...]`.
 
-Locally it starts Ray on this machine; under `ray job submit` (or with RAY_ADDRESS set) it joins
-that cluster. Resubmitting with the same checkpoint.run_name resumes from the latest checkpoint.
+Starts a private local Ray instance, unless --address or RAY_ADDRESS names a cluster to join
+(`ray job submit` sets RAY_ADDRESS; `--address auto` joins the cluster `ray start` left on this
+machine). Resubmitting with the same checkpoint.run_name resumes from the latest checkpoint.
+A user error (config, data, resume, storage, a non-finite loss) ends in one line on stderr and
+exit code 2; --debug (or BUCKETRAY_DEBUG=1) adds the traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import traceback
 
 from pipeline.core.config import ConfigError, load_config
+
+DEBUG_ENV = "BUCKETRAY_DEBUG"
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    if isinstance(e, OSError) and not isinstance(e, ConfigError):
+        return f"{type(e).__name__}: {text} (check the path and its permissions; --debug for more)"
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,19 +37,36 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help="override a config field, e.g. --set train.max_steps=50 (repeatable)",
     )
+    ap.add_argument(
+        "--address",
+        default=None,
+        help="Ray cluster to join: host:port, ray://host:port, or auto (the one `ray start` "
+        "left on this machine); default: RAY_ADDRESS if set, else a private local Ray",
+    )
+    ap.add_argument(
+        "--debug", action="store_true", help=f"print tracebacks of user errors ({DEBUG_ENV}=1)"
+    )
     args = ap.parse_args(argv)
+    debug = args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
     try:
         cfg = load_config(args.config, args.overrides)
-        # Imported after validation, so a config typo fails before Ray or torch load.
-        from pipeline.data import DataError
-        from pipeline.train.launch import run
-
-        try:
-            summary = run(cfg)
-        except (DataError, FileNotFoundError) as e:  # names the file and sample id
-            raise ConfigError(str(e)) from None
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {_one_line(e)}", file=sys.stderr)
+        return 2
+    # Imported after validation, so a config typo fails before Ray or torch load.
+    from pipeline.train.control import is_deterministic
+    from pipeline.train.launch import run
+
+    try:
+        summary = run(cfg, address=args.address)
+    except Exception as e:
+        # A user error: a config, data, resume or checkpoint error, a non-finite loss (any class
+        # with `retryable = False`), or storage that cannot be reached or written (OSError).
+        if not (is_deterministic(e) or isinstance(e, OSError)):
+            raise
+        if debug:
+            traceback.print_exc()
+        print(f"error: {_one_line(e)}", file=sys.stderr)
         return 2
     print(f"[bucketray] done: {summary}", flush=True)
     return 0

@@ -2,36 +2,64 @@
 # GPU smoke test, for a machine with CUDA GPUs and no network (under 5 minutes):
 #   1. the GPU unit tests (tests/gpu: bf16 autocast, pinned batches, empty micro-batches);
 #   2. a short bf16 training run on the synthetic corpus: NCCL DDP over every visible GPU
-#      (at most 4), W&B offline, checkpoints under out/gpu_smoke.
-# Usage: scripts/gpu_smoke.sh [extra --set overrides for the run]
+#      (at most 4), W&B offline, checkpoints under $SMOKE_OUT (default out/gpu_smoke).
+# Dry mode (--dry or DRY=1) runs step 2 on CPU so the script cannot rot unnoticed on machines
+# without a GPU: no GPU tests, bf16 off, 2 gloo workers, a few steps on tiny data, its own
+# local Ray instance (RAY_ADDRESS=local). The default test suite runs it
+# (tests/ray/test_gpu_smoke_dry.py).
+# The run's settings go into a config file written under $SMOKE_OUT, not --set flags, so their
+# values keep their YAML types.
+# Usage: scripts/gpu_smoke.sh [--dry] [extra --set overrides for the run]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 export WANDB_MODE=${WANDB_MODE:-offline}
-
-ngpu=$("$PY" -c "import torch; print(torch.cuda.device_count())")
-if [ "$ngpu" -lt 1 ]; then
-  echo "gpu_smoke: no CUDA GPU visible" >&2
-  exit 1
+DRY=${DRY:-0}
+if [ "${1:-}" = "--dry" ]; then
+  DRY=1
+  shift
 fi
-workers=$(( ngpu < 4 ? ngpu : 4 ))
-echo "gpu_smoke: $ngpu GPU(s), training on $workers"
-
-timeout 120 "$PY" -m pytest -q tests/gpu
-
-out=out/gpu_smoke
+out=${SMOKE_OUT:-out/gpu_smoke}
 rm -rf "$out/runs"
-timeout 240 "$PY" -m jobs.train --config configs/local.yaml \
-  --set scaling.use_gpu=true \
-  --set scaling.num_workers="$workers" \
-  --set scaling.cpus_per_worker=1 \
-  --set train.bf16=on \
-  --set train.max_steps=60 \
-  --set batching.token_budget=65536 \
-  --set data.max_length=2048 \
-  --set data.synthetic.out_dir="$out/data" \
-  --set checkpoint.storage_path="$out/runs" \
-  --set checkpoint.run_name=gpu-smoke \
-  --set checkpoint.every_steps=30 \
-  "$@"
+mkdir -p "$out"
+
+if [ "$DRY" = 1 ]; then
+  export RAY_ADDRESS=local
+  workers=2 use_gpu=false bf16=off steps=4 budget=1024 max_length=64 samples=300 timeout_s=300
+  echo "gpu_smoke: dry run on CPU, $workers gloo workers"
+else
+  ngpu=$("$PY" -c "import torch; print(torch.cuda.device_count())")
+  if [ "$ngpu" -lt 1 ]; then
+    echo "gpu_smoke: no CUDA GPU visible (scripts/gpu_smoke.sh --dry runs the CPU version)" >&2
+    exit 1
+  fi
+  workers=$(( ngpu < 4 ? ngpu : 4 ))
+  use_gpu=true bf16=on steps=60 budget=65536 max_length=2048 samples=2000 timeout_s=240
+  echo "gpu_smoke: $ngpu GPU(s), training on $workers"
+  timeout 120 "$PY" -m pytest -q tests/gpu
+fi
+
+cfg="$out/smoke.yaml"
+"$PY" - "$cfg" "$out" "$workers" "$use_gpu" "$bf16" "$steps" "$budget" "$max_length" \
+  "$samples" "$DRY" <<'PYEOF'
+import sys
+
+import yaml
+
+path, out, workers, use_gpu, bf16, steps, budget, max_length, samples, dry = sys.argv[1:]
+cfg = yaml.safe_load(open("configs/local.yaml"))
+cfg["scaling"].update(num_workers=int(workers), use_gpu=use_gpu == "true", cpus_per_worker=1)
+cfg["train"].update(bf16=bf16, max_steps=int(steps))
+cfg["batching"]["token_budget"] = int(budget)
+cfg["data"]["max_length"] = int(max_length)
+cfg["data"]["synthetic"].update(out_dir=f"{out}/data", num_samples=int(samples))
+cfg["checkpoint"].update(storage_path=f"{out}/runs", run_name="gpu-smoke", every_steps=30)
+if dry == "1":
+    cfg["scaling"]["cpus_per_worker"] = 0.5
+    cfg["model"].update(vocab_size=64, d_model=32, n_layers=1, n_heads=2, d_ff=64)
+    cfg["checkpoint"]["every_steps"] = 2
+yaml.safe_dump(cfg, open(path, "w"), sort_keys=False)
+PYEOF
+
+timeout "$timeout_s" "$PY" -m jobs.train --config "$cfg" "$@"
 echo "gpu_smoke: OK"

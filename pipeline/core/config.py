@@ -10,6 +10,7 @@ import yaml
 from pydantic import (
     Field,
     NonNegativeInt,
+    PositiveFloat,
     PositiveInt,
     ValidationError,
     field_validator,
@@ -142,6 +143,11 @@ class TrainConfig(_Section):
         "auto", description="bf16 autocast: auto = on for GPU."
     )
     seed: NonNegativeInt = Field(0, description="Model init / dropout seed.")
+    max_nonfinite_steps: NonNegativeInt = Field(
+        0,
+        description="Optimizer steps in a row with a NaN/inf loss or gradient norm that are skipped "
+        "(no update) before the run stops with NonFiniteLossError; 0: stop at the first.",
+    )
     metrics_file: str | None = Field(
         None,
         description="Rank 0 also appends every logged metric as one JSON line to this file, on its "
@@ -182,6 +188,11 @@ class WandbConfig(_Section):
         None, description="Where W&B writes its run folder; null: the run's storage dir."
     )
     tags: list[str] = Field(default_factory=list, description="W&B tags.")
+    init_timeout_s: PositiveFloat = Field(
+        30.0,
+        description="Seconds wandb.init may take (online: reaching the server); past it the run "
+        "logs offline with a warning instead.",
+    )
 
 
 class ScalingConfig(_Section):
@@ -202,6 +213,18 @@ class ScalingConfig(_Section):
         default_factory=dict,
         description="Extra Ray resources each worker reserves besides CPU/GPU, e.g. a custom "
         "resource that only certain nodes have.",
+    )
+    autoscaling: bool = Field(
+        False,
+        description="The cluster adds nodes on demand but does not publish its maximum size: "
+        "skip the driver's check that the workers plus one CPU for Ray Data fit in the cluster "
+        "(a cluster whose autoscaler publishes its maximum is checked against that maximum).",
+    )
+    start_retries: Annotated[int, Field(ge=-1)] = Field(
+        3,
+        description="Times Ray Train may retry starting the worker group when the workers do "
+        "not fit (each try waits RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S, 60 s by default); "
+        "-1: retry forever, e.g. while an autoscaler adds nodes.",
     )
 
     @model_validator(mode="after")

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from pipeline.core.config import RunConfig
+from pipeline.learn.loss import assert_finite_weights
 
 __all__ = [
     "POSITION_VERSION",
@@ -112,11 +113,13 @@ def global_batch_definition(cfg: RunConfig, edges: list[int]) -> dict:
 
 
 def rng_state() -> dict:
-    """This process's RNG states (torch CPU and CUDA, python, numpy's legacy global)."""
+    """This process's RNG states: torch CPU, the *current* CUDA device's (a rank owns one GPU;
+    touching every visible device would initialise a context on each), python, numpy's legacy
+    global. "cuda" is a one-element list, or empty without CUDA."""
     np_state = np.random.get_state()
     return {
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "cuda": [torch.cuda.get_rng_state()] if torch.cuda.is_available() else [],
         "python": random.getstate(),
         "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
     }
@@ -125,7 +128,10 @@ def rng_state() -> dict:
 def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        # Older checkpoints hold every visible device's state: take the current device's.
+        cuda = state["cuda"]
+        i = torch.cuda.current_device() if len(cuda) > 1 else 0
+        torch.cuda.set_rng_state(cuda[i] if i < len(cuda) else cuda[0])
     py = state["python"]
     random.setstate((py[0], tuple(py[1]), py[2]))
     name, keys, *rest = state["numpy"]
@@ -148,8 +154,10 @@ def _maybe_die_saving(steps_done: int) -> None:
 
 def save_checkpoint(directory: str | os.PathLike, state: TrainState, *, rank: int) -> None:
     """Write this rank's part of the checkpoint. Rank 0 writes state.json last, so a directory
-    interrupted mid-write is recognisably incomplete."""
+    interrupted mid-write is recognisably incomplete, and refuses NaN/inf weights
+    (NonFiniteLossError) before writing anything."""
     d = Path(directory)
+    assert_finite_weights(state.model)  # never a checkpoint from a NaN/inf state, on any rank
     d.mkdir(parents=True, exist_ok=True)
     if state.rng is not None:
         _save_tensor_file(state.rng, d / f"rng_rank{rank}.pt")

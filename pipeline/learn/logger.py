@@ -3,13 +3,18 @@
 The train loop calls `logger.log(metrics, step)` on every rank without checking its rank;
 `make_logger` hands non-zero ranks a `NullLogger`. W&B keys come only from the environment
 (WANDB_API_KEY) and are never logged or written into the config.
+
+Curves continue across restarts: the W&B run id is derived from the run's resolved storage
+directory (`run_id_for`), so every attempt of a run, with or without a checkpoint, logs into the
+same W&B run; and rank 0's logger skips every step at or below the highest step a previous
+attempt logged (`SkipLoggedSteps`), so steps re-trained after a restart are logged once.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-import secrets
 import warnings
 from pathlib import Path
 from typing import Any, Protocol
@@ -23,7 +28,8 @@ __all__ = [
     "JsonlLogger",
     "WandbLogger",
     "TeeLogger",
-    "new_run_id",
+    "SkipLoggedSteps",
+    "run_id_for",
     "wandb_mode",
     "make_logger",
 ]
@@ -77,23 +83,39 @@ class JsonlLogger:
 
 
 class WandbLogger:
-    """A W&B run; `resume="allow"` with a stored id continues the same run after a restart."""
+    """A W&B run; `resume="allow"` with the run's fixed id continues the same run after a restart.
+
+    wandb.init may take `cfg.wandb.init_timeout_s`; an online run that cannot reach the server in
+    that time falls back to offline with a warning (upload later with `wandb sync`)."""
 
     def __init__(self, cfg: RunConfig, *, run_id: str, mode: str, directory: str):
         import wandb  # imported here: workers without W&B never pay for it
 
         Path(directory).mkdir(parents=True, exist_ok=True)
-        self._run = wandb.init(
+        kw = dict(
             project=cfg.wandb.project,
             entity=cfg.wandb.entity,
             name=cfg.checkpoint.run_name,
             id=run_id,
             resume="allow",
-            mode=mode,
             dir=directory,
             tags=cfg.wandb.tags,
             config=cfg.model_dump(mode="json"),
+            settings=wandb.Settings(init_timeout=cfg.wandb.init_timeout_s),
         )
+        try:
+            self._run = wandb.init(mode=mode, **kw)
+        except Exception as e:  # noqa: BLE001 -- any failure to reach W&B: log offline instead
+            if mode != "online":
+                raise
+            warnings.warn(
+                f"wandb.init online failed within wandb.init_timeout_s={cfg.wandb.init_timeout_s:g} "
+                f"({type(e).__name__}): logging offline instead (upload later with `wandb sync`)",
+                stacklevel=2,
+            )
+            wandb.teardown()  # the W&B service still holds the failed run's id
+            self._run = wandb.init(mode="offline", **kw)
+        self.mode = "offline" if self._run.settings._offline else mode
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         self._run.log(metrics, step=step)
@@ -117,9 +139,37 @@ class TeeLogger:
             lg.finish()
 
 
-def new_run_id() -> str:
-    """A fresh W&B-style run id (8 lowercase hex characters)."""
-    return secrets.token_hex(4)
+class SkipLoggedSteps:
+    """Passes on only steps above the highest step an earlier attempt of the run logged.
+
+    A restart re-trains the steps after its checkpoint; they were logged already (with the same
+    values: resume is exact), and W&B requires steps to increase. The highest step logged is kept
+    in `state_file`, rewritten after every call; calls at one step within an attempt all pass."""
+
+    def __init__(self, inner: MetricLogger, state_file: str | os.PathLike):
+        self.inner = inner
+        self.path = Path(state_file)
+        self.floor = json.loads(self.path.read_text())["step"] if self.path.is_file() else -1
+        self.last = self.floor
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        if step <= self.floor:
+            return
+        self.inner.log(metrics, step)
+        if step > self.last:
+            self.last = step
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            tmp.write_text(json.dumps({"step": step}))
+            os.replace(tmp, self.path)
+
+    def finish(self) -> None:
+        self.inner.finish()
+
+
+def run_id_for(run_dir: str) -> str:
+    """The W&B run id of the run stored at `run_dir` (the resolved storage path joined with
+    checkpoint.run_name): 12 hex characters of its SHA-256, the same on every attempt."""
+    return hashlib.sha256(run_dir.rstrip("/").encode()).hexdigest()[:12]
 
 
 def wandb_mode(cfg: RunConfig) -> str:
@@ -139,8 +189,8 @@ def wandb_mode(cfg: RunConfig) -> str:
 def make_logger(
     cfg: RunConfig, *, rank: int, run_id: str, wandb_dir: str, metrics_file: str | None = None
 ) -> MetricLogger:
-    """Rank 0: W&B (unless disabled), plus a JSON-lines file when `metrics_file` is given.
-    Other ranks: a NullLogger."""
+    """Rank 0: W&B (unless disabled), plus a JSON-lines file when `metrics_file` is given, behind
+    SkipLoggedSteps (its state file lives in `wandb_dir`). Other ranks: a NullLogger."""
     if rank != 0:
         return NullLogger()
     loggers: list[MetricLogger] = []
@@ -151,4 +201,6 @@ def make_logger(
         loggers.append(JsonlLogger(metrics_file))
     if not loggers:
         return NullLogger()
-    return loggers[0] if len(loggers) == 1 else TeeLogger(*loggers)
+    inner = loggers[0] if len(loggers) == 1 else TeeLogger(*loggers)
+    Path(wandb_dir).mkdir(parents=True, exist_ok=True)
+    return SkipLoggedSteps(inner, Path(wandb_dir) / f"bucketray-logged-step-{run_id}.json")

@@ -4,16 +4,46 @@ Labels are aligned with input_ids (collate), so position t predicts labels[t + 1
 returns the *sum* of its token losses; the loop divides by the number of supervised tokens of the
 whole global step (all ranks, all accumulated micro-batches), so a small remainder batch weighs
 what its tokens weigh, not what a full batch weighs.
+
+Memory: the cross-entropy runs in chunks of `LOSS_CHUNK_TOKENS` positions, each upcast to fp32
+inside an activation checkpoint, so at most one chunk's fp32 logits exist at a time (forward or
+backward) instead of a [tokens, vocab] fp32 copy of the whole micro-batch.
+
+A non-finite loss or gradient norm never reaches the weights: `NonFiniteGuard` skips the update
+and stops the run with `NonFiniteLossError` after `train.max_nonfinite_steps` such steps in a row.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
+import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from pipeline.core.collate import IGNORE_INDEX
 
-__all__ = ["supervised_tokens", "token_sums", "ddp_loss_scale"]
+__all__ = [
+    "LOSS_CHUNK_TOKENS",
+    "NonFiniteLossError",
+    "NonFiniteGuard",
+    "assert_finite_weights",
+    "supervised_tokens",
+    "token_sums",
+    "ddp_loss_scale",
+]
+
+# Positions per cross-entropy chunk: 8192 x a 128K vocab in fp32 is 4 GiB, so keep it modest.
+LOSS_CHUNK_TOKENS = 4096
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss, gradient norm or weights became NaN/inf. Not retryable: a restart from the last
+    checkpoint replays the same batches and fails the same way; lower train.lr or fix the data."""
+
+    retryable = False  # the driver's failure policy stops at the first such error
 
 
 def supervised_tokens(labels: torch.Tensor) -> int:
@@ -21,20 +51,41 @@ def supervised_tokens(labels: torch.Tensor) -> int:
     return int((labels[:, 1:] != IGNORE_INDEX).sum()) if labels.numel() else 0
 
 
-def token_sums(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _chunk_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float(), target, ignore_index=IGNORE_INDEX, reduction="sum")
+
+
+def token_sums(
+    logits: torch.Tensor, labels: torch.Tensor, *, chunk_tokens: int = LOSS_CHUNK_TOKENS
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum of next-token cross-entropy, number of correct top-1 predictions) over supervised
     tokens. Both are 0 for a batch without supervised tokens, and the loss stays attached to the
-    graph so backward still reaches every parameter."""
-    logits = logits[:, :-1].float()
-    target = labels[:, 1:]
-    loss_sum = F.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]),
-        target.reshape(-1),
-        ignore_index=IGNORE_INDEX,
-        reduction="sum",
-    )
+    graph so backward still reaches every parameter.
+
+    The targets are the labels shifted left with IGNORE_INDEX in the last column, so the logits
+    are used as one [B*L, V] view (no copy). Above `chunk_tokens` positions, each chunk's fp32
+    cross-entropy is recomputed in backward rather than kept."""
+    V = logits.shape[-1]
+    target = torch.full_like(labels, IGNORE_INDEX)
+    target[:, :-1] = labels[:, 1:]
+    flat, flat_t = logits.reshape(-1, V), target.reshape(-1)
+    n = flat_t.numel()
+    if n <= chunk_tokens:
+        loss_sum = _chunk_loss(flat, flat_t)
+    else:
+        parts = [
+            checkpoint(
+                _chunk_loss,
+                flat[i : i + chunk_tokens],
+                flat_t[i : i + chunk_tokens],
+                use_reentrant=False,
+            )
+            for i in range(0, n, chunk_tokens)
+        ]
+        loss_sum = torch.stack(parts).sum()
     with torch.no_grad():
-        correct = ((logits.argmax(-1) == target) & (target != IGNORE_INDEX)).sum()
+        # bf16 -> fp32 is exact, so the argmax of the low-precision logits is the same.
+        correct = ((flat.argmax(-1) == flat_t) & (flat_t != IGNORE_INDEX)).sum()
     return loss_sum, correct
 
 
@@ -45,3 +96,61 @@ def ddp_loss_scale(global_tokens: int, world_size: int) -> float:
     update is the gradient of (sum over all ranks' token losses) / (all supervised tokens).
     """
     return world_size / max(global_tokens, 1)
+
+
+class NonFiniteGuard:
+    """Decides, per optimizer step, whether the update may be applied.
+
+    Its inputs are the same on every rank (the all-reduced loss sums, the DDP-synchronised
+    gradient norm), so every rank takes the same decision. A non-finite step is skipped; after
+    `max_consecutive` skipped steps in a row the next one raises NonFiniteLossError naming the
+    global step, its bucket and a few of this rank's sample ids. `streak > 0` means the weights
+    may already be poisoned, so the trainer writes no checkpoint then.
+    """
+
+    def __init__(self, max_consecutive: int = 0):
+        self.max_consecutive = max_consecutive
+        self.streak = 0
+
+    def check(
+        self,
+        *,
+        step_losses: Sequence[float],
+        grad_norm: float,
+        steps: Sequence[int],
+        buckets: Sequence[int],
+        sample_ids: Sequence[np.ndarray],
+        epoch: int = 0,
+        rank: int = 0,
+    ) -> bool:
+        """True: apply the update. False: skip it. Raises after too many non-finite steps."""
+        bad = [i for i, x in enumerate(step_losses) if not math.isfinite(x)]
+        if not bad and math.isfinite(grad_norm):
+            self.streak = 0
+            return True
+        self.streak += 1
+        if self.streak > self.max_consecutive:
+            i = bad[0] if bad else len(steps) - 1
+            what = f"loss {step_losses[i]}" if bad else f"gradient norm {grad_norm}"
+            ids = [int(x) for x in np.asarray(sample_ids[i])[:8]]
+            raise NonFiniteLossError(
+                f"non-finite {what} at epoch {epoch} step {steps[i]} (bucket {buckets[i]}; rank "
+                f"{rank}'s sample ids {ids}), {self.streak} non-finite step(s) in a row with "
+                f"train.max_nonfinite_steps={self.max_consecutive}: the run stops without "
+                "writing a checkpoint; lower train.lr or check those samples"
+            )
+        return False
+
+
+def assert_finite_weights(state_dict: dict) -> None:
+    """Raise NonFiniteLossError if any floating tensor of a model state dict is NaN/inf."""
+    bad = [
+        k
+        for k, t in state_dict.items()
+        if torch.is_tensor(t) and t.is_floating_point() and not bool(torch.isfinite(t).all())
+    ]
+    if bad:
+        raise NonFiniteLossError(
+            f"refusing to write a checkpoint: non-finite values in {len(bad)} weight tensor(s) "
+            f"({', '.join(bad[:3])}); lower train.lr or check the data"
+        )

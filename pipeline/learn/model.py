@@ -3,6 +3,11 @@
 A model is any `nn.Module` whose forward takes `(input_ids, attention_mask, position_ids)`, all
 int64 [B, L] as the collate writes them, and returns logits [B, L, vocab]. The train loop knows
 only this signature, so another model plugs in by adding a `MODELS` entry.
+
+Attention uses SDPA's causal flag and no explicit mask, which leaves the flash kernel available.
+That is exact for real tokens because padding is on the right (collate): every key a real query
+position i may see (j <= i) is a real token. Padding rows attend to what precedes them; their
+outputs are finite and never reach the loss (their labels are IGNORE_INDEX).
 """
 
 from __future__ import annotations
@@ -32,14 +37,14 @@ class _Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, L, D = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(B, L, 3, self.n_heads, D // self.n_heads).unbind(2)
         att = F.scaled_dot_product_attention(
             q.transpose(1, 2),
             k.transpose(1, 2),
             v.transpose(1, 2),
-            attn_mask=mask,
+            is_causal=True,
             dropout_p=self.dropout if self.training else 0.0,
         )
         x = x + self.drop(self.proj(att.transpose(1, 2).reshape(B, L, D)))
@@ -65,14 +70,11 @@ class TinyDecoder(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
     ) -> torch.Tensor:
-        L = input_ids.shape[1]
-        causal = torch.ones(L, L, dtype=torch.bool, device=input_ids.device).tril()
-        # [B, 1, L, L]: query i sees real keys j <= i. Padding is on the right, so every query
-        # row (padding rows included) keeps key 0 and no softmax row is all -inf.
-        mask = causal[None, None] & attention_mask.bool()[:, None, None, :]
+        # attention_mask is not needed: padding is on the right, so causal attention already
+        # keeps every real query away from padded keys (module docstring).
         x = self.drop(self.tok(input_ids) + self.pos(position_ids))
         for block in self.blocks:
-            x = block(x, mask)
+            x = block(x)
         return self.head(self.ln_f(x))
 
 

@@ -1,27 +1,33 @@
 """Driver side of a training run: data, edges and epoch plans on the driver, then TorchTrainer.fit.
 
-Connects to the cluster named by RAY_ADDRESS (set by `ray job submit`) or starts local Ray, builds
-the length index and bucket edges once, plans the epochs (for their hashes and `epoch/*`
-summaries), starts the data layer's feeder actor and runs `pipeline.train.loop.train_loop` on
-`scaling.num_workers` workers. Resubmitting with the same checkpoint.storage_path and run_name
-resumes: Ray Train hands the loop its latest checkpoint.
+Joins the cluster named by --address or RAY_ADDRESS (set by `ray job submit`), else starts a
+private local Ray instance; checks what can be checked before any worker starts (stable paths
+inside a submitted job, resources, the resume position against the current plan); takes the
+run directory's lease; builds the length index and bucket edges once, plans the epochs (for
+their hashes and `epoch/*` summaries), starts the data layer's feeder actor and runs
+`pipeline.train.loop.train_loop` on `scaling.num_workers` workers. Resubmitting with the same
+checkpoint.storage_path and run_name resumes: Ray Train hands the loop its latest checkpoint.
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow.fs as pafs
 
 from pipeline.core.config import ConfigError, RunConfig
 from pipeline.core.metrics import padding_efficiency
 from pipeline.core.plan import EpochPlan, steps_per_epoch
 from pipeline.core.runlength import run_length
 from pipeline.learn.checkpoint import SAVE_FAIL_ENV
+from pipeline.train.control import trainer_class, user_error
 from pipeline.train.loop import (
     FAIL_AT_STEP_ENV,
     FAIL_MARKER_ENV,
@@ -29,12 +35,32 @@ from pipeline.train.loop import (
     LoopInputs,
     train_loop,
 )
+from pipeline.train.preflight import (
+    check_reachable,
+    check_stable_paths,
+    preflight,
+    resolve_address,
+)
+from pipeline.train.resume_check import check_resume_on_driver, truncation_note
+from pipeline.train.runlock import RunLease
+from pipeline.train.stop import create_stop_flag, request_stop, stop_flag_name
 
-__all__ = ["TrainSummary", "epoch_metrics", "storage_path", "run_dir", "run"]
+__all__ = [
+    "TrainSummary",
+    "epoch_metrics",
+    "init_ray",
+    "run",
+    "run_dir",
+    "storage_path",
+]
 
 # Environment forwarded from the driver to the workers: W&B mode (never the key) and the
 # fault-injection knobs tests use. A cluster provides WANDB_API_KEY to its workers itself.
 FORWARDED_ENV = ("WANDB_MODE", FAIL_AT_STEP_ENV, FAIL_MARKER_ENV, FAIL_RANK_ENV, SAVE_FAIL_ENV)
+# How long a given Ray address may take to answer before the run gives up.
+CONNECT_TIMEOUT_S = 15.0
+# How long the resources of a cluster just joined may take to cover the run's workers.
+NODES_WAIT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -46,12 +72,15 @@ class TrainSummary:
     padding_efficiency: float
     checkpoint: str | None
     seconds: float
+    stopped: bool = False  # ended early on request (SIGINT / SIGTERM), with a checkpoint
 
     def __str__(self) -> str:
+        head = "stopped on request after" if self.stopped else "trained"
+        tail = " | resubmit the same command to resume" if self.stopped else ""
         return (
-            f"trained {self.steps} global steps, {self.samples:,} samples, {self.tokens:,} real tokens "
+            f"{head} {self.steps} global steps, {self.samples:,} samples, {self.tokens:,} real tokens "
             f"in {self.seconds:.0f} s | final loss {self.loss:.4f} | padding efficiency "
-            f"{self.padding_efficiency:.3f} | checkpoint {self.checkpoint}"
+            f"{self.padding_efficiency:.3f} | checkpoint {self.checkpoint}{tail}"
         )
 
 
@@ -111,31 +140,92 @@ def epoch_metrics(plan: EpochPlan, edges: list[int], pad_to_multiple_of: int) ->
     return out
 
 
-def _init_ray() -> None:
+def init_ray(address: str | None = None, *, timeout_s: float = CONNECT_TIMEOUT_S) -> bool:
+    """Start or join Ray: `address` (the --address flag), else RAY_ADDRESS, else a private local
+    instance. A given address that does not answer within `timeout_s` is a one-line
+    ConfigError, not minutes of silent retries. True if it joined a running cluster."""
     import ray
 
-    if not ray.is_initialized():
-        # With RAY_ADDRESS set (ray job submit does) this connects; otherwise it starts local Ray.
-        ray.init(address=os.environ.get("RAY_ADDRESS") or None)
+    if ray.is_initialized():
+        return False
+    target = resolve_address(address)
+    if target == "auto":
+        from ray._private.services import get_ray_address_from_environment
+
+        try:
+            target = get_ray_address_from_environment("auto", None)
+        except ConnectionError:
+            raise ConfigError(
+                "--address auto: no Ray cluster started by `ray start` on this machine; start "
+                "one, pass its host:port, or leave --address out to train on local Ray"
+            ) from None
+    if target != "local":
+        check_reachable(target, timeout_s)
+    ray.init(address=target)
+    return target != "local"
 
 
-def run(cfg: RunConfig) -> TrainSummary:
+def _cluster_capacity(cfg: RunConfig) -> tuple[dict, bool]:
+    """(resources to check the workers against, whether the cluster may grow past them)."""
+    import ray
+
+    try:  # an autoscaler that publishes its node groups gives the most the cluster can have
+        from ray._private.state import state
+
+        most = state.get_max_resources_from_cluster_config()
+    except Exception:  # private API: no published maximum is the safe reading
+        most = None
+    if most:
+        return {k: float(v) for k, v in most.items()}, False
+    return ray.cluster_resources(), cfg.scaling.autoscaling
+
+
+def _check_resources(cfg: RunConfig, *, wait_s: float) -> None:
+    """`preflight` against the cluster. A cluster just joined may still be registering its
+    nodes (a RayJob is submitted once its pods run), so a shortfall is re-checked for up to
+    `wait_s` seconds before the run is refused."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        capacity, autoscaling = _cluster_capacity(cfg)
+        try:
+            return preflight(capacity, cfg, autoscaling=autoscaling)
+        except ConfigError:
+            if time.monotonic() >= deadline:
+                raise
+        time.sleep(5.0)
+
+
+def _run_fs(cfg: RunConfig) -> tuple[pafs.FileSystem, str]:
+    """The run directory's filesystem and path on it (no scheme), for the lease and the resume check."""
+    path, fs = _storage(cfg)
+    return fs or pafs.LocalFileSystem(), f"{path.rstrip('/')}/{cfg.checkpoint.run_name}"
+
+
+def _plan_epochs(cfg: RunConfig, index, edges: list[int], num_epochs: int) -> list[dict]:
+    from pipeline.data import epoch_plan_for
+
+    epochs = []
+    for e in range(num_epochs):
+        plan = epoch_plan_for(cfg, index, edges, e, cfg.scaling.num_workers)
+        epochs.append(
+            {
+                "hash": plan.content_hash,
+                "metrics": epoch_metrics(plan, edges, cfg.batching.pad_to_multiple_of),
+            }
+        )
+    return epochs
+
+
+def run(cfg: RunConfig, *, address: str | None = None) -> TrainSummary:
     """Prepare data, train to the end of the configured run, return the final summary."""
     import ray
-    import ray.train
-    from ray.train.torch import TorchTrainer
 
-    from pipeline.data import (
-        build_length_index,
-        epoch_plan_for,
-        resolve_data_path,
-        resolve_edges,
-        start_feeder,
-    )
+    from pipeline.data import build_length_index, resolve_data_path, resolve_edges, start_feeder
 
     t0 = time.perf_counter()
-    _init_ray()
-    world = cfg.scaling.num_workers
+    check_stable_paths(cfg)
+    _check_resources(cfg, wait_s=NODES_WAIT_S if init_ray(address) else 0.0)
+    fs, rdir = _run_fs(cfg)
 
     path = resolve_data_path(cfg)
     index = build_length_index(cfg, path)
@@ -148,37 +238,62 @@ def run(cfg: RunConfig) -> TrainSummary:
         )
     length = run_length(S, cfg.train)
     total = length.global_steps
-    epochs = []
-    for e in range(length.epochs):
-        plan = epoch_plan_for(cfg, index, edges, e, world)
-        epochs.append(
-            {
-                "hash": plan.content_hash,
-                "metrics": epoch_metrics(plan, edges, cfg.batching.pad_to_multiple_of),
-            }
-        )
+    epochs = _plan_epochs(cfg, index, edges, length.epochs)
+    check_resume_on_driver(cfg, fs, rdir, edges, epochs)
+    note = truncation_note(index)
+    if note:
+        print(f"[bucketray] {note}", flush=True)
     print(
         f"[bucketray] {len(index.lengths):,} samples, edges {edges}, {S} steps/epoch, "
-        f"{total} steps on {world} workers -> {run_dir(cfg)}",
+        f"{total} steps on {cfg.scaling.num_workers} workers -> {run_dir(cfg)}",
         flush=True,
     )
+    with RunLease(fs, rdir):
+        # The stop flag is owned by this driver and dies with it: a request can only be this run's.
+        flag = create_stop_flag(stop_flag_name(cfg.checkpoint.run_name))
+        feeder_name = f"bucketray-feeder-{cfg.checkpoint.run_name}-{uuid.uuid4().hex[:8]}"
+        feeder = start_feeder(cfg, index, edges, name=feeder_name, path=path)
+        try:
+            result = _fit(cfg, _loop_inputs(cfg, feeder_name, edges, S, epochs), flag)
+        finally:
+            ray.kill(feeder)
+            ray.kill(flag)
+    m = result.metrics or {}
+    return TrainSummary(
+        steps=int(m.get("steps", 0)),
+        tokens=int(m.get("tokens", 0)),
+        samples=int(m.get("samples", 0)),
+        loss=float(m.get("loss", float("nan"))),
+        padding_efficiency=float(m.get("padding_efficiency", float("nan"))),
+        checkpoint=_checkpoint_uri(result.checkpoint),
+        seconds=time.perf_counter() - t0,
+        stopped=bool(m.get("stopped", 0)),
+    )
 
-    feeder_name = f"bucketray-feeder-{cfg.checkpoint.run_name}-{uuid.uuid4().hex[:8]}"
-    feeder = start_feeder(cfg, index, edges, name=feeder_name, path=path)
+
+def _loop_inputs(cfg: RunConfig, feeder: str, edges: list[int], S: int, epochs: list[dict]):
     wandb_dir = cfg.wandb.dir or (run_dir(cfg) if "://" not in run_dir(cfg) else "wandb")
-    inputs = LoopInputs(
+    return LoopInputs(
         cfg=cfg.model_dump(mode="json"),
-        feeder=feeder_name,
+        feeder=feeder,
         edges=edges,
         steps_per_epoch=S,
         epochs=epochs,
         wandb_dir=str(Path(wandb_dir).absolute()) if "://" not in wandb_dir else "wandb",
     )
+
+
+def _fit(cfg: RunConfig, inputs: LoopInputs, stop_flag):
+    """TorchTrainer.fit with bounded start-up retries, deterministic errors raised at the first
+    failure (and unwrapped from Ray's WorkerGroupError), SIGINT/SIGTERM asking for a graceful
+    stop."""
+    import ray.train
+
     resources = {**cfg.scaling.resources_per_worker, "CPU": cfg.scaling.cpus_per_worker}
     if cfg.scaling.use_gpu:
         resources["GPU"] = 1
     train_storage_path, train_storage_fs = _storage(cfg)
-    trainer = TorchTrainer(
+    trainer = trainer_class(lambda: request_stop(stop_flag, "signal"))(
         train_loop,
         train_loop_config=inputs.to_dict(),
         scaling_config=ray.train.ScalingConfig(
@@ -191,23 +306,24 @@ def run(cfg: RunConfig) -> TrainSummary:
             storage_path=train_storage_path,
             storage_filesystem=train_storage_fs,
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.checkpoint.keep_last),
-            failure_config=ray.train.FailureConfig(max_failures=cfg.checkpoint.max_failures),
+            failure_config=ray.train.FailureConfig(
+                max_failures=cfg.checkpoint.max_failures,
+                controller_failure_limit=cfg.scaling.start_retries,
+            ),
             worker_runtime_env={
                 "env_vars": {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
             },
         ),
     )
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        result = trainer.fit()
+        return trainer.fit()
+    except ray.train.TrainingFailedError as e:
+        cause = user_error(e)
+        if cause is None:
+            raise
+        raise cause from None
     finally:
-        ray.kill(feeder)
-    m = result.metrics or {}
-    return TrainSummary(
-        steps=int(m.get("steps", 0)),
-        tokens=int(m.get("tokens", 0)),
-        samples=int(m.get("samples", 0)),
-        loss=float(m.get("loss", float("nan"))),
-        padding_efficiency=float(m.get("padding_efficiency", float("nan"))),
-        checkpoint=_checkpoint_uri(result.checkpoint),
-        seconds=time.perf_counter() - t0,
-    )
+        if threading.current_thread() is threading.main_thread():
+            for s, h in handlers.items():
+                signal.signal(s, h)

@@ -1,5 +1,6 @@
 """Contract 7, exact resume: a run that fails after step 22 and restarts from its step-15
-checkpoint trains exactly the batches of the uninterrupted run and ends with the same weights."""
+checkpoint trains exactly the batches of the uninterrupted run and ends with the same weights.
+A stop request ends a run early with a checkpoint at the step it stopped."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ import json
 from pathlib import Path
 
 import pytest
+import ray
 import torch
 
 from pipeline.core.config import validate
 from pipeline.learn.checkpoint import load_checkpoint
 from pipeline.train.launch import run
 from pipeline.train.loop import FAIL_AT_STEP_ENV, FAIL_MARKER_ENV
+from pipeline.train.stop import create_stop_flag, request_stop, stop_flag_name
 
 pytestmark = pytest.mark.ray
 
@@ -91,3 +94,20 @@ def test_contract7_restart_after_failure_trains_the_same_batches_and_weights(
     for k in a.model:
         torch.testing.assert_close(b.model[k], a.model[k], rtol=1e-5, atol=1e-6)
     assert resumed.loss == pytest.approx(ref.loss, rel=1e-5)
+
+
+def test_stop_request_ends_the_run_with_a_checkpoint_at_the_next_step(cluster, tmp_path):
+    """The driver's side of Ctrl-C / SIGTERM: a request on the run's stop flag makes every
+    worker finish its step, checkpoint there and return; fit() ends normally."""
+    cfg = validate(tiny_config(tmp_path, "stopped"))
+    flag = create_stop_flag(stop_flag_name(cfg.checkpoint.run_name))
+    request_stop(flag, "SIGTERM")  # before the first step: the run stops after step 1
+    try:
+        summary = run(cfg)
+    finally:
+        ray.kill(flag)
+    state = load_checkpoint(summary.checkpoint)
+    assert summary.steps == state.position.steps_done == 1
+    assert (state.position.epoch, state.position.next_step) == (0, 1)
+    starts = [r for r in _records(tmp_path / "ids") if r.get("event") == "start"]
+    assert len(starts) == 2  # no failure, no restart

@@ -1,6 +1,8 @@
 """infra/submit.sh against a real, token-authenticated local Ray head: the job is accepted with
 the token, refused without it, sees the repository as its working dir minus the excludes, gets
-the config and --set arguments unchanged, and reaches SUCCEEDED.
+the config and --set arguments unchanged, and reaches SUCCEEDED; a training job with a relative
+checkpoint.storage_path (which would resolve inside the job's content-hashed working dir, so a
+resubmission would not resume) FAILS at once with one line naming the key.
 
 Run as a module (`python -m tests.ray.test_submit_script ...`) this file is also the job's
 entrypoint: it reports what the job saw, as one JSON line, for the test to check.
@@ -207,6 +209,29 @@ def test_tiny_training_run_through_submit_succeeds(ray_head, tmp_path):
     )
     assert res.returncode == 0, f"{res.stdout[-4000:]}\n{res.stderr[-2000:]}"
     assert _job_status(ray_head, sid) == "SUCCEEDED"
+
+
+def test_relative_storage_path_fails_the_job_with_one_line(ray_head):
+    sid = f"submit-relative-{secrets.token_hex(4)}"
+    res = _submit(
+        ray_head,
+        "configs/local.yaml",
+        "--set",
+        "checkpoint.storage_path=runs",
+        "--set",
+        "wandb.mode=disabled",
+        timeout=300,
+        SUBMISSION_ID=sid,
+        ENTRYPOINT_NUM_CPUS="0.5",
+    )
+    out = res.stdout + res.stderr
+    assert res.returncode != 0, out[-3000:]
+    assert _job_status(ray_head, sid) == "FAILED"
+    # One line (the CLI tails the job's logs, and prints them again when it fails).
+    errors = {ln for ln in res.stdout.splitlines() if ln.startswith("error:")}
+    assert len(errors) == 1, out[-3000:]
+    assert errors.pop().startswith("error: checkpoint.storage_path='runs' is relative"), out[-3000:]
+    assert "Traceback" not in res.stdout, out[-3000:]
 
 
 def _probe() -> None:

@@ -20,6 +20,7 @@ from pipeline.learn.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
+from pipeline.learn.loss import NonFiniteLossError
 from tests.helpers import tiny_config
 
 EDGES = [0, 64, 128]
@@ -112,3 +113,33 @@ def test_contract7_resume_refuses_changed_batches_or_data():
         _check(pos, cfg=other)
     with pytest.raises(ResumeError, match="plan hash.*data .* changed"):
         _check(pos, plan_hash="other")
+
+
+def test_rng_state_touches_only_the_current_cuda_device(monkeypatch):
+    """get_rng_state_all() would initialise every visible GPU from every rank; a rank saves and
+    restores its own device's state only."""
+    calls = []
+
+    def forbidden(*a):
+        raise AssertionError("every device's RNG touched")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", forbidden)
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", forbidden)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda: torch.tensor([7], dtype=torch.uint8))
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s: calls.append(s.tolist()))
+    state = rng_state()
+    assert [s.tolist() for s in state["cuda"]] == [[7]]
+    set_rng_state(state)
+    # An older checkpoint with every device's state: the current device's (index 1) is restored.
+    set_rng_state({**state, "cuda": [torch.tensor([1]), torch.tensor([2])]})
+    assert calls == [[7], [2]]
+
+
+def test_nonfinite_weights_are_never_written(tmp_path):
+    state = _state()
+    state.model["w"] = torch.tensor([1.0, float("nan")])
+    with pytest.raises(NonFiniteLossError, match="refusing to write a checkpoint.*w"):
+        save_checkpoint(tmp_path / "c", state, rank=0)
+    assert not (tmp_path / "c").exists()

@@ -84,10 +84,13 @@ def documented_overrides() -> list[tuple[str, tuple[str, ...]]]:
 DOCUMENTED = documented_overrides()
 
 
-def test_the_override_scan_finds_the_smoke_script_and_the_docs():
+def test_the_override_scan_finds_the_docs_and_configs():
+    # scripts/gpu_smoke.sh writes its settings into a config file (it runs end to end on CPU in
+    # tests/ray/test_gpu_smoke_dry.py); the bf16 values it uses must survive --set too.
     where = {src for src, _ in DOCUMENTED}
-    assert {"scripts/gpu_smoke.sh", "docs/cluster.md", "configs/local.yaml"} <= where
-    assert ("scripts/gpu_smoke.sh", ("train.bf16=on",)) in DOCUMENTED
+    assert {"docs/cluster.md", "configs/local.yaml"} <= where
+    for value in ("on", "off", "auto"):
+        assert load_config(ROOT / "configs/local.yaml", [f"train.bf16={value}"]).train.bf16 == value
 
 
 @pytest.mark.parametrize(
@@ -99,11 +102,3 @@ def test_every_documented_override_loads(src, overrides):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         load_config(ROOT / "configs" / base, list(overrides))
-
-
-def test_the_gpu_smoke_overrides_load_together():
-    text = (ROOT / "scripts/gpu_smoke.sh").read_text()
-    overrides = [o for s, group in DOCUMENTED if s == "scripts/gpu_smoke.sh" for o in group]
-    assert len(overrides) == text.count("--set ") - text.count("--set overrides")
-    cfg = load_config(ROOT / "configs/local.yaml", overrides)
-    assert cfg.train.bf16 == "on" and cfg.scaling.use_gpu and cfg.train.max_steps == 60

@@ -16,7 +16,7 @@ from pipeline.core.config import ModelConfig
 from pipeline.data.rechunk import MicroBatch
 from pipeline.learn.loss import ddp_loss_scale, supervised_tokens, token_sums
 from pipeline.learn.model import build_model
-from pipeline.train.loop import train_group
+from pipeline.train.step import train_group
 
 CFG = ModelConfig(vocab_size=32, d_model=16, n_layers=1, n_heads=2, d_ff=32)
 
@@ -134,3 +134,38 @@ def test_contract9_ddp_gradient_is_the_gradient_of_the_global_token_mean():
 def test_ddp_scale_undoes_gradient_averaging():
     assert ddp_loss_scale(100, 4) == pytest.approx(0.04)
     assert ddp_loss_scale(0, 2) == 2.0  # no supervised token anywhere: loss is 0 anyway
+
+
+def test_chunked_loss_equals_the_unchunked_loss_and_gradient():
+    """The fp32 cross-entropy in checkpointed chunks: same sum, same count, same gradient."""
+    torch.manual_seed(0)
+    mb = micro_batch(_rows(5, 6, 2, 30))
+    logits = torch.randn(*mb.input_ids.shape, CFG.vocab_size, requires_grad=True)
+    full, full_correct = token_sums(logits, mb.labels, chunk_tokens=10**9)
+    (g_full,) = torch.autograd.grad(full, logits)
+    chunked, chunked_correct = token_sums(logits, mb.labels, chunk_tokens=7)
+    (g_chunked,) = torch.autograd.grad(chunked, logits)
+    assert chunked.item() == pytest.approx(full.item(), rel=1e-6)
+    assert chunked_correct == full_correct
+    torch.testing.assert_close(g_chunked, g_full)
+
+
+def test_bf16_logits_are_upcast_one_chunk_at_a_time(monkeypatch):
+    """The loss never holds a [tokens, vocab] fp32 copy: each cross-entropy call sees at most
+    chunk_tokens rows, in forward and in the recomputation of backward."""
+    import pipeline.learn.loss as loss_mod
+
+    rows_seen = []
+    ce = loss_mod.F.cross_entropy
+
+    def spy(x, *a, **kw):
+        rows_seen.append(x.shape[0])
+        return ce(x, *a, **kw)
+
+    monkeypatch.setattr(loss_mod.F, "cross_entropy", spy)
+    mb = micro_batch(_rows(6, 4, 20, 30))
+    logits = torch.randn(*mb.input_ids.shape, CFG.vocab_size, dtype=torch.bfloat16)
+    loss, _ = token_sums(logits.requires_grad_(), mb.labels, chunk_tokens=16)
+    loss.backward()
+    n = mb.input_ids.numel()
+    assert max(rows_seen) == 16 and sum(rows_seen) == 2 * n  # forward + recomputed backward

@@ -1,0 +1,171 @@
+"""Checks the driver makes before it starts anything expensive: pure functions, no Ray calls.
+
+- `resolve_address`: which Ray cluster `ray.init` should get (a private local one by default).
+- `check_stable_paths`: inside `ray job submit`, relative output paths would land in the job's
+  content-hashed working directory, so a resubmitted job would not find its run again.
+- `preflight`: the workers plus what Ray Data needs must fit in the cluster, else the run
+  deadlocks (workers waiting for data that no CPU is left to read) or waits forever.
+- `truncation_summary`: how much `data.over_length: truncate` cuts, for one line at run start.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+
+import numpy as np
+
+from pipeline.core.config import ConfigError, RunConfig
+
+__all__ = [
+    "DATA_CPUS",
+    "SUBMITTED_JOB_ENV",
+    "STABLE_PATH_KEYS",
+    "check_reachable",
+    "check_stable_paths",
+    "in_submitted_job",
+    "preflight",
+    "resolve_address",
+    "truncation_summary",
+]
+
+# The job supervisor sets this in the environment of a `ray job submit` entrypoint (RAY_JOB_ID
+# is one of the internal variables Ray strips from it).
+SUBMITTED_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+# Config keys naming something a later run must find again (checkpoints, W&B run, records).
+STABLE_PATH_KEYS = (
+    "checkpoint.storage_path",
+    "wandb.dir",
+    "data.quarantine_path",
+    "train.metrics_file",
+    "train.record_sample_ids",
+)
+# CPUs left free for Ray Data: its read and map tasks ask one CPU each, and with none free the
+# workers wait for batches that are never read.
+DATA_CPUS = 1.0
+
+
+# --------------------------------------------------------------------------- which cluster
+
+
+def resolve_address(flag: str | None, environ: Mapping[str, str] = os.environ) -> str:
+    """`ray.init`'s address: the --address flag, else RAY_ADDRESS (what `ray job submit` sets
+    for its entrypoint), else "local" -- a private instance. Never None, which would join
+    whatever cluster the machine's Ray state file names, possibly a dead one."""
+    if flag:
+        return flag
+    return environ.get("RAY_ADDRESS") or "local"
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """(host, port) of a GCS or Ray Client address, None for anything else."""
+    rest = address.split("://", 1)[1] if "://" in address else address
+    host, sep, port = rest.rstrip("/").rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def check_reachable(address: str, timeout_s: float) -> None:
+    """Raise ConfigError (one line) when nothing answers at `address` within `timeout_s`;
+    `ray.init` would otherwise retry a dead address for minutes without a word."""
+    hp = _host_port(address)
+    if hp is None:
+        raise ConfigError(
+            f"Ray address {address!r} is not host:port (or ray://host:port); pass --address "
+            "auto to join the cluster `ray start` left on this machine"
+        )
+    try:
+        socket.create_connection(hp, timeout=timeout_s).close()
+    except OSError as e:
+        raise ConfigError(
+            f"no Ray cluster answers at {address} ({e.strerror or e}; waited up to "
+            f"{timeout_s:.0f} s): start it, fix --address / RAY_ADDRESS, or unset both to "
+            "train on a private local Ray instance"
+        ) from None
+
+
+# --------------------------------------------------------------------------- stable paths
+
+
+def in_submitted_job(environ: Mapping[str, str] = os.environ) -> bool:
+    return bool(environ.get(SUBMITTED_JOB_ENV))
+
+
+def _get(cfg: RunConfig, key: str):
+    obj = cfg
+    for part in key.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def check_stable_paths(cfg: RunConfig, environ: Mapping[str, str] = os.environ) -> None:
+    """Inside a submitted job, refuse a relative path in STABLE_PATH_KEYS (one line, naming
+    the key and the fix). Outside one, relative paths resolve against the current directory."""
+    if not in_submitted_job(environ):
+        return
+    for key in STABLE_PATH_KEYS:
+        value = _get(cfg, key)
+        if value and "://" not in value and not os.path.isabs(os.path.expanduser(value)):
+            raise ConfigError(
+                f"{key}={value!r} is relative: inside `ray job submit` it resolves in the "
+                "job's working directory, a new folder whenever a file changes, so a "
+                "resubmitted job would not find it; set an absolute path or a URI "
+                f"(--set {key}=/shared/... or s3://...)"
+            )
+
+
+# --------------------------------------------------------------------------- resources
+
+
+def _need(cfg: RunConfig) -> tuple[int, dict[str, float]]:
+    """(workers that must fit, resources per worker)."""
+    s = cfg.scaling
+    per = {**s.resources_per_worker, "CPU": s.cpus_per_worker}
+    if s.use_gpu:
+        per["GPU"] = 1.0
+    return (s.min_workers or s.num_workers), per
+
+
+def preflight(cluster: Mapping[str, float], cfg: RunConfig, *, autoscaling: bool = False) -> None:
+    """Raise ConfigError, with the numbers, if `scaling` cannot fit in `cluster` (the resources
+    the cluster has, or at most can have) with DATA_CPUS left for Ray Data.
+
+    `autoscaling`: the cluster may grow beyond `cluster` to a size nobody published, so a
+    shortfall is not an error (Ray Train waits for the nodes; scaling.start_retries bounds it).
+    """
+    if autoscaling:
+        return
+    n, per = _need(cfg)
+    workers = "worker" if n == 1 else "workers"
+    fix = {
+        "CPU": "lower scaling.num_workers (or scaling.min_workers) or scaling.cpus_per_worker",
+        "GPU": "lower scaling.num_workers, or set scaling.use_gpu=false",
+    }
+    for name, amount in per.items():
+        have = float(cluster.get(name, 0.0))
+        need = n * amount
+        extra = DATA_CPUS if name == "CPU" else 0.0
+        if need + extra <= have + 1e-9:
+            continue
+        what = f"{n} {workers} x {amount:g} {name}"
+        if extra:
+            what += f" + {extra:g} CPU for Ray Data"
+        raise ConfigError(
+            f"{what} = {need + extra:g} {name} > {have:g} in the cluster: "
+            + fix.get(name, f"drop {name} from scaling.resources_per_worker or add nodes with it")
+            + " (on a cluster that adds nodes on demand: scaling.autoscaling=true)"
+        )
+
+
+# --------------------------------------------------------------------------- truncation
+
+
+def truncation_summary(lengths: np.ndarray, top: int) -> tuple[int, float]:
+    """(samples longer than `top`, share of all tokens beyond `top`) for untruncated lengths."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    total = int(lengths.sum())
+    over = lengths > top
+    cut = int((lengths[over] - top).sum())
+    return int(over.sum()), (cut / total if total else 0.0)

@@ -1,0 +1,338 @@
+"""One rank's training run, without Ray: resume, step, maybe_log, maybe_checkpoint.
+
+The trainer gets its micro-batches from a `batches(epoch, start_step)` function and hands each
+checkpoint directory to a `save(directory, metrics, name)` function; the Ray Train loop
+(`pipeline.train.loop`) plugs in the data layer and `ray.train.report`, and tests plug in lists
+and a folder. A checkpoint stores the data position (epoch, next step), and a restart asks for
+exactly the remaining steps (contract 7).
+
+A non-finite loss or gradient norm skips the update and, past train.max_nonfinite_steps in a
+row, raises NonFiniteLossError; no checkpoint is written while the state may be non-finite.
+A stop request (`stop()` true on any rank) ends the run after the current step with a
+checkpoint, at the same step on every rank.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from pipeline.core.config import RunConfig
+from pipeline.core.metrics import BucketLossTracker
+from pipeline.core.runlength import run_length
+from pipeline.learn.checkpoint import (
+    DataPosition,
+    TrainState,
+    check_resume,
+    global_batch_definition,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from pipeline.learn.logger import MetricLogger, NullLogger, run_id_for
+from pipeline.learn.loss import NonFiniteGuard
+from pipeline.learn.model import build_model
+from pipeline.learn.optim import build_optimizer, build_scheduler
+from pipeline.train.faults import maybe_fail
+from pipeline.train.progress import SampleRecorder, Window, progress_line, step_metrics
+from pipeline.train.step import GroupStats, all_reduce, train_group
+
+__all__ = ["RunSpec", "Trainer", "seed_worker"]
+
+SaveFn = Callable[[str, dict, str], None]  # (checkpoint directory, metrics, checkpoint name)
+BatchesFn = Callable[[int, int], Iterator]  # (epoch, start step) -> this rank's micro-batches
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What one rank knows about the run besides the config."""
+
+    rank: int
+    world: int
+    device: torch.device
+    edges: list[int]
+    steps_per_epoch: int
+    epochs: list[dict]  # per epoch: {"hash": plan hash, "metrics": {"epoch/...": ...}}
+    run_dir: str  # the run's resolved storage directory: names its W&B run
+
+
+def seed_worker(seed: int, rank: int, steps_done: int) -> None:
+    """Per-rank dropout RNG from a seed tuple (never seed + rank, which collides)."""
+    s = int(np.random.SeedSequence((seed, rank, steps_done)).generate_state(1)[0])
+    torch.manual_seed(s)
+
+
+def _take(it: Iterator, n: int) -> tuple[list, float]:
+    """Up to n items from `it`, and the seconds spent waiting for them."""
+    t0 = time.perf_counter()
+    out = []
+    for _ in range(n):
+        try:
+            out.append(next(it))
+        except StopIteration:
+            break
+    return out, time.perf_counter() - t0
+
+
+def _crossed(before: int, after: int, every: int | None) -> bool:
+    return every is not None and after // every > before // every
+
+
+class Trainer:
+    """One rank's run: `resume(state)`, then `fit(batches, logger)`; `step`, `maybe_log` and
+    `maybe_checkpoint` are its parts, in that order for every optimizer step."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        spec: RunSpec,
+        *,
+        save: SaveFn,
+        recorder: SampleRecorder | None = None,
+        stop: Callable[[], bool] | None = None,
+    ):
+        self.cfg, self.spec, self.save, self.stop = cfg, spec, save, stop
+        self.recorder = recorder or SampleRecorder(None, spec.rank)
+        t = cfg.train
+        length = run_length(spec.steps_per_epoch, t)
+        self.total_steps = length.global_steps
+        self.global_batch = global_batch_definition(cfg, spec.edges)
+        self.bf16 = t.bf16 == "on" or (t.bf16 == "auto" and spec.device.type == "cuda")
+        # Same init on every rank (DDP also broadcasts rank 0's).
+        torch.manual_seed(t.seed)
+        self.model = build_model(cfg.model, max_positions=spec.edges[-1]).to(spec.device)
+        self.optimizer = build_optimizer(self.model, t)
+        self.scheduler = build_scheduler(self.optimizer, t, length.optimizer_steps)
+        self.tracker = BucketLossTracker(len(spec.edges) - 1)
+        self.guard = NonFiniteGuard(t.max_nonfinite_steps)
+        self.position = DataPosition(0, 0, spec.epochs[0]["hash"], spec.world, self.global_batch, 0)
+        self.counters = {"updates": 0, "tokens": 0.0, "padded": 0.0, "samples": 0.0}
+        self.run_id = run_id_for(spec.run_dir)
+        self.steps_done = 0
+        self.last_loss = float("nan")
+        self.logger: MetricLogger = NullLogger()
+        self.window = Window()
+        self.ddp = self.model  # wrapped in DDP by fit() under a process group
+        self.lr = self.grad_norm = self.debiased = float("nan")  # of the last step
+
+    # ---- resume (contract 7)
+    def resume(self, state: TrainState | None) -> None:
+        """Continue from `state` (this rank's view of the latest checkpoint), or start fresh."""
+        spec = self.spec
+        if state is None:
+            seed_worker(self.cfg.train.seed, spec.rank, 0)
+            return
+        p = state.position
+        if p.epoch < len(spec.epochs):
+            check_resume(
+                p,
+                global_batch=self.global_batch,
+                plan_hash=spec.epochs[p.epoch]["hash"],
+                world_size=spec.world,
+                on_world_size_change=self.cfg.plan.on_world_size_change,
+            )
+        self.model.load_state_dict(state.model)
+        self.optimizer.load_state_dict(state.optimizer)
+        self.scheduler.load_state_dict(state.scheduler)
+        self.tracker.load_state_dict(state.tracker)
+        self.counters, self.run_id = dict(state.counters), state.wandb_run_id
+        self.position = p.normalized(spec.steps_per_epoch)
+        self.steps_done = p.steps_done
+        if state.rng is not None and p.world_size == spec.world:
+            set_rng_state(state.rng)
+        else:
+            seed_worker(self.cfg.train.seed, spec.rank, p.steps_done)
+        if spec.rank == 0:
+            print(
+                f"[bucketray] resuming at epoch {self.position.epoch} step "
+                f"{self.position.next_step} ({p.steps_done} global steps done, written by "
+                f"{p.world_size} workers)",
+                flush=True,
+            )
+
+    # ---- run -> epoch -> step
+    def fit(self, batches: BatchesFn, logger: MetricLogger) -> str:
+        """Train to the end of the run ("done") or to a stop request ("stopped")."""
+        self.logger = logger
+        self.recorder.start(self.position.epoch, self.position.next_step)
+        use_ddp = dist.is_available() and dist.is_initialized()
+        cuda = self.spec.device.type == "cuda"
+        self.ddp = (
+            DistributedDataParallel(self.model, device_ids=[self.spec.device] if cuda else None)
+            if use_ddp
+            else self.model
+        )
+        self.run_t0, self.run_steps0 = time.perf_counter(), self.steps_done
+        status = "done"
+        for epoch in range(self.position.epoch, self.cfg.train.epochs):
+            if self.steps_done >= self.total_steps:
+                break
+            if not self.run_epoch(epoch, batches):
+                status = "stopped"
+                break
+        self.logger.finish()
+        return status
+
+    def run_epoch(self, epoch: int, batches: BatchesFn) -> bool:
+        """Train `epoch` from the resume position on; False when a stop request ended it."""
+        S = self.spec.steps_per_epoch
+        start = self.position.next_step if epoch == self.position.epoch else 0
+        if start == 0:
+            metrics = {"epoch/index": epoch, **self.spec.epochs[epoch]["metrics"]}
+            self.logger.log(metrics, step=self.steps_done)
+        it, last_step = batches(epoch, start), start - 1
+        while self.steps_done < self.total_steps:
+            group, wait_s = _take(
+                it, min(self.cfg.train.grad_accum, self.total_steps - self.steps_done)
+            )
+            if not group:
+                break
+            before = self.steps_done
+            stats = self.step(group, epoch, wait_s)
+            self.maybe_log(stats, before, epoch)
+            last_step = stats.steps[-1]
+            stop = self.stop_requested()
+            self.maybe_checkpoint(before, epoch, last_step + 1, stop=stop)
+            maybe_fail(self.steps_done, self.spec.rank)
+            if stop:
+                return False
+            if last_step == S - 1:
+                return True
+        if self.steps_done < self.total_steps:
+            raise RuntimeError(
+                f"the data layer ended epoch {epoch} on rank {self.spec.rank} after step "
+                f"{last_step}, but the plan has {S} steps"
+            )
+        return True
+
+    def step(self, group: list, epoch: int, wait_s: float = 0.0) -> GroupStats:
+        """One optimizer step over `group` (one micro-batch per global step)."""
+        t, spec = self.cfg.train, self.spec
+        stats = train_group(
+            self.ddp, group, device=spec.device, world_size=spec.world, bf16=self.bf16
+        )
+        clip = t.grad_clip if t.grad_clip > 0 else float("inf")
+        self.grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        self.lr = self.scheduler.get_last_lr()[0]
+        losses = [stats.step_loss(i) for i in range(len(group))]
+        finite = self.guard.check(
+            step_losses=losses,
+            grad_norm=self.grad_norm,
+            steps=stats.steps,
+            buckets=stats.buckets,
+            sample_ids=stats.sample_ids,
+            epoch=epoch,
+            rank=spec.rank,
+        )
+        if finite:
+            self.optimizer.step()
+            self.counters["updates"] += 1
+        self.scheduler.step()  # the LR stays a function of the data position
+        self.optimizer.zero_grad(set_to_none=True)
+
+        self.steps_done += len(group)
+        self.counters["tokens"] += float(stats.real.sum())
+        self.counters["padded"] += float(stats.padded.sum())
+        self.counters["samples"] += float(stats.samples.sum())
+        self.debiased = float("nan")
+        if finite:
+            for i, b in enumerate(stats.buckets):
+                self.debiased = self.tracker.update(b, losses[i])
+        self.last_loss = losses[-1]
+        self.recorder.record(epoch, stats)
+        self.window.add(stats, wait_s)
+        return stats
+
+    def maybe_log(self, stats: GroupStats, before: int, epoch: int) -> None:
+        """Metrics and rank 0's console line every train.log_every global steps and at the end."""
+        done, total = self.steps_done, self.total_steps
+        if not (_crossed(before, done, self.cfg.train.log_every) or done == total):
+            return
+        m = step_metrics(
+            stats, lr=self.lr, grad_norm=self.grad_norm, debiased=self.debiased, epoch=epoch
+        )
+        m.update(self.window.metrics())
+        self.logger.log(m, step=done)
+        if self.spec.rank == 0:
+            rate = (done - self.run_steps0) / max(time.perf_counter() - self.run_t0, 1e-9)
+            line = progress_line(
+                steps_done=done,
+                total_steps=total,
+                epoch=epoch,
+                epoch_step=stats.steps[-1] + 1,
+                steps_per_epoch=self.spec.steps_per_epoch,
+                loss=self.last_loss,
+                tokens_per_s=m["data/real_tokens_per_s"],
+                rate=rate,
+            )
+            print(line, flush=True)
+        self.window.reset()
+
+    def stop_requested(self) -> bool:
+        """Whether any rank was asked to stop: all ranks all-reduce it, so all stop together."""
+        if self.stop is None:
+            return False
+        flag = torch.tensor([1.0 if self.stop() else 0.0], device=self.spec.device)
+        return bool(all_reduce(flag).item() > 0)
+
+    def maybe_checkpoint(self, before: int, epoch: int, next_step: int, stop: bool) -> None:
+        """Checkpoint at an epoch end, the run's end, every checkpoint.every_steps global steps
+        and on a stop request; never while the last step was non-finite."""
+        done = self.steps_done
+        due = (
+            stop
+            or next_step == self.spec.steps_per_epoch
+            or done == self.total_steps
+            or _crossed(before, done, self.cfg.checkpoint.every_steps)
+        )
+        if not due:
+            return
+        if self.guard.streak > 0:
+            if self.spec.rank == 0:
+                print(
+                    f"[bucketray] no checkpoint at step {done}: its loss is not finite", flush=True
+                )
+            return
+        self.checkpoint(epoch, next_step, stopped=stop)
+
+    def checkpoint(self, epoch: int, next_step: int, stopped: bool = False) -> None:
+        t0, done = time.perf_counter(), self.steps_done
+        pos = DataPosition(
+            epoch,
+            next_step,
+            self.spec.epochs[epoch]["hash"],
+            self.spec.world,
+            self.global_batch,
+            done,
+        )
+        state = TrainState(
+            model=self.model.state_dict(),
+            optimizer=self.optimizer.state_dict(),
+            scheduler=self.scheduler.state_dict(),
+            position=pos,
+            wandb_run_id=self.run_id,
+            counters=self.counters,
+            tracker=self.tracker.state_dict(),
+            rng=rng_state(),
+        )
+        metrics = {
+            "steps": done,
+            "epoch": epoch,
+            "next_step": next_step,
+            "tokens": self.counters["tokens"],
+            "samples": self.counters["samples"],
+            "loss": self.last_loss,
+            "padding_efficiency": self.counters["tokens"] / max(self.counters["padded"], 1.0),
+            "stopped": int(stopped),
+        }
+        with tempfile.TemporaryDirectory(prefix="bucketray-ckpt-") as d:
+            save_checkpoint(d, state, rank=self.spec.rank)
+            self.save(d, metrics, f"checkpoint_step{done:08d}")
+        self.logger.log({"checkpoint/save_s": time.perf_counter() - t0}, step=done)

@@ -1,0 +1,146 @@
+"""The driver's checks before a run starts, without Ray: which cluster it joins, paths that must
+outlive a submitted job's working directory, resources against the cluster, truncation."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import numpy as np
+import pytest
+
+from pipeline.core.config import ConfigError, load_config
+from pipeline.train.preflight import (
+    DATA_CPUS,
+    SUBMITTED_JOB_ENV,
+    check_reachable,
+    check_stable_paths,
+    preflight,
+    resolve_address,
+    truncation_summary,
+)
+
+
+def _cfg(*overrides: str):
+    return load_config("configs/local.yaml", list(overrides))
+
+
+def _dead_port() -> int:
+    """A port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --------------------------------------------------------------------------- address
+
+
+def test_no_address_means_a_private_local_instance_never_none():
+    assert resolve_address(None, {}) == "local"
+    assert resolve_address(None, {"RAY_ADDRESS": ""}) == "local"
+
+
+def test_ray_address_set_by_job_submit_is_joined_and_a_flag_wins():
+    assert resolve_address(None, {"RAY_ADDRESS": "10.0.0.5:6379"}) == "10.0.0.5:6379"
+    assert resolve_address("auto", {"RAY_ADDRESS": "10.0.0.5:6379"}) == "auto"
+
+
+def test_a_dead_address_fails_fast_with_one_line():
+    addr = f"127.0.0.1:{_dead_port()}"
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError) as e:
+        check_reachable(addr, timeout_s=5)
+    assert time.monotonic() - t0 < 30  # a bound, not a timing figure: ray.init waits minutes
+    msg = str(e.value)
+    assert "\n" not in msg and addr in msg and "RAY_ADDRESS" in msg
+
+
+def test_an_address_without_a_port_is_refused():
+    with pytest.raises(ConfigError, match="host:port"):
+        check_reachable("http://somewhere", timeout_s=1)
+
+
+# --------------------------------------------------------------------------- stable paths
+
+
+def test_relative_storage_path_is_refused_inside_a_submitted_job():
+    cfg = _cfg("checkpoint.storage_path=runs")
+    with pytest.raises(ConfigError) as e:
+        check_stable_paths(cfg, {SUBMITTED_JOB_ENV: "{}"})
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert "checkpoint.storage_path='runs' is relative" in msg and "absolute path" in msg
+
+
+def test_relative_paths_are_fine_outside_a_job_and_absolute_or_uri_inside(tmp_path):
+    check_stable_paths(_cfg("checkpoint.storage_path=runs"), {})
+    job = {SUBMITTED_JOB_ENV: "{}"}
+    check_stable_paths(_cfg(f"checkpoint.storage_path={tmp_path}"), job)
+    check_stable_paths(_cfg("checkpoint.storage_path=s3://bkt/runs"), job)
+
+
+@pytest.mark.parametrize("key", ["wandb.dir", "train.metrics_file", "data.quarantine_path"])
+def test_other_relative_outputs_are_refused_inside_a_job(key, tmp_path):
+    cfg = _cfg(f"checkpoint.storage_path={tmp_path}", f"{key}=out/x")
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        check_stable_paths(cfg, {SUBMITTED_JOB_ENV: "{}"})
+
+
+# --------------------------------------------------------------------------- resources
+
+
+def test_workers_leaving_ray_data_no_cpu_are_refused_with_the_numbers():
+    cfg = _cfg("scaling.num_workers=3", "scaling.cpus_per_worker=0.5")
+    with pytest.raises(ConfigError) as e:
+        preflight({"CPU": 2.0}, cfg)
+    assert str(e.value).startswith(
+        "3 workers x 0.5 CPU + 1 CPU for Ray Data = 2.5 CPU > 2 in the cluster: lower "
+        "scaling.num_workers"
+    )
+
+
+def test_too_many_workers_are_refused_and_a_fitting_run_passes():
+    with pytest.raises(ConfigError, match="8 workers x 0.5 CPU"):
+        preflight({"CPU": 2.0}, _cfg("scaling.num_workers=8"))
+    preflight({"CPU": 2.0}, _cfg())  # the local default: 2 x 0.5 + 1 = 2
+    assert DATA_CPUS == 1.0
+
+
+def test_gpus_and_custom_resources_are_checked_and_elastic_uses_min_workers():
+    with pytest.raises(ConfigError, match="2 workers x 1 GPU = 2 GPU > 1"):
+        preflight({"CPU": 16, "GPU": 1}, _cfg("scaling.use_gpu=true"))
+    with pytest.raises(ConfigError, match="fast_disk"):
+        preflight({"CPU": 16}, _cfg("scaling.resources_per_worker={fast_disk: 1}"))
+    preflight({"CPU": 2.0}, _cfg("scaling.num_workers=4", "scaling.min_workers=2"))
+
+
+def test_an_autoscaling_cluster_without_a_published_maximum_is_not_refused():
+    preflight({"CPU": 2.0}, _cfg("scaling.num_workers=8"), autoscaling=True)
+
+
+# --------------------------------------------------------------------------- truncation
+
+
+def test_truncation_counts_samples_and_token_share_beyond_the_top_edge():
+    n, share = truncation_summary(np.array([10, 600, 512, 1000]), 512)
+    assert n == 2 and share == pytest.approx((88 + 488) / 2122)
+    assert truncation_summary(np.array([], dtype=np.int32), 512) == (0, 0.0)
+
+
+def test_run_start_line_on_truncation():
+    from types import SimpleNamespace
+
+    from pipeline.train.resume_check import truncation_note
+
+    clipped = np.array([10, 512, 512, 300], dtype=np.int32)
+    assert truncation_note(SimpleNamespace(truncate_to=None, lengths=clipped)) is None
+    note = truncation_note(SimpleNamespace(truncate_to=512, lengths=clipped))
+    assert (
+        note
+        == "data.over_length=truncate: 2 samples reach the top edge 512 (cut or exactly 512 long)"
+    )
+    raw = np.array([10, 600, 512, 300], dtype=np.int32)
+    note = truncation_note(
+        SimpleNamespace(truncate_to=512, lengths=clipped, untruncated_lengths=raw)
+    )
+    assert note == "truncating 1 samples (6.19% of tokens) to the top edge 512"
