@@ -24,9 +24,9 @@ pass). Even 64-row row groups still read 15.7x at 16 chapters, so the layout can
 back (only a plan that shuffles within row-group windows could, and that changes the plan); the
 default is the largest chapter that keeps the object store comfortable:
 DEFAULT_CHAPTER_TOKENS = 2**28 tokens (1 GiB of int32 ids). At 100K samples in 4 chapters the
-object store peaked at 3.3x one chapter's parts (one consumed while the next one sorts), so
-this default should peak near 3.5 GB, against 2.5-2.6x the epoch's parts for a whole-epoch sort
-(~11 GB at 902K; both estimated from the 100K ratios, see docs/architecture.md). Corpora below
+object store peaked at 3.3-3.5x one chapter's parts (one consumed while the next one sorts), so
+this default should peak near 3.5-4 GB, against 2.5-2.8x the epoch's parts for a whole-epoch sort
+(~11-12 GB at 902K; both estimated from the 100K ratios, see docs/architecture.md). Corpora below
 2**28 tokens are one chapter (unchanged behaviour, no extra reads); the 902K preset (1.06B
 tokens) becomes 4 chapters and reads the corpus 4 times per epoch, in the background of training.
 """
