@@ -32,7 +32,15 @@ def main(argv: list[str] | None = None) -> dict:
         "--address", default="local", help="Ray address: local (private cluster) or auto"
     )
     p.add_argument("--json-out", default=None, help="also write the result JSON here")
+    p.add_argument(
+        "--chapter-tokens",
+        default=None,
+        help="instead: one cold epoch per chapter size, comma-separated (0: the whole epoch), "
+        "e.g. 0,33554432; time to first micro-batch and object store peak",
+    )
     a = p.parse_args(argv)
+    if a.chapter_tokens is not None:
+        return _chapters(a)
     from pipeline.bench.delivery import measure_delivery  # after parsing: --help needs no Ray
 
     r = measure_delivery(
@@ -56,6 +64,24 @@ def main(argv: list[str] | None = None) -> dict:
             json.dump(r, f, indent=2)
         os.replace(tmp, a.json_out)
     return r
+
+
+def _chapters(a: argparse.Namespace) -> dict:
+    from pipeline.bench.delivery import measure_chapters
+
+    try:
+        sizes = [int(x) or None for x in a.chapter_tokens.split(",")]
+    except ValueError:
+        raise SystemExit(
+            f"--chapter-tokens: expected comma-separated integers, got {a.chapter_tokens!r}"
+        ) from None
+    rows = measure_chapters(a.num_samples, a.consumers, sizes, shards=a.shards, data_dir=a.data_dir)
+    for row in rows:
+        print(json.dumps(row))
+    if a.json_out:
+        with open(a.json_out, "w") as f:
+            json.dump(rows, f, indent=2)
+    return {"chapters": rows}
 
 
 if __name__ == "__main__":

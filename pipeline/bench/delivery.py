@@ -24,7 +24,7 @@ from pipeline.core.epochs import epoch_plan_for, resolve_edges
 from pipeline.data import deliver, rank_batches, start_feeder, stop_feeder
 from pipeline.data.index import build_length_index, filesystem_for, list_shards
 
-__all__ = ["measure_delivery", "baseline_delivery"]
+__all__ = ["measure_delivery", "baseline_delivery", "measure_chapters"]
 
 
 def _consume(name: str, epoch: int, rank: int, world: int) -> dict:
@@ -115,7 +115,8 @@ def measure_delivery(
     with tempfile.TemporaryDirectory(prefix="bucketray-bench-index-") as cache:
         cfg = RunConfig.model_validate(
             {
-                "data": {"path": data_dir, "cache_dir": cache},
+                # One chapter: this measures the whole epoch's sort (chapters: measure_chapters).
+                "data": {"path": data_dir, "cache_dir": cache, "chapter_tokens": None},
                 "batching": {"token_budget": token_budget},
                 "model": {"vocab_size": vocab_size},
                 "scaling": {"num_workers": consumers},
@@ -180,3 +181,134 @@ def measure_delivery(
         "ratio_per_consumer_vs_baseline": per_consumer_med / base_tps,
         "ratio_total_vs_baseline": med(totals) / base_tps,
     }
+
+
+# --------------------------------------------------------------------------- chapters
+
+
+def _consume_timed(name: str, epoch: int, rank: int, world: int) -> dict:
+    """Like `_consume`, with the wall-clock time of the first and the last micro-batch."""
+    real = batches = 0
+    first = None
+    for mb in rank_batches(name, epoch=epoch, start_step=0, rank=rank, world_size=world):
+        first = time.time() if first is None else first
+        real += mb.num_real_tokens
+        batches += 1
+    return {"first": first, "end": time.time(), "real": real, "batches": batches}
+
+
+class _StorePeak:
+    """Polls the object store's bytes in use (all nodes) in a thread; `peak` above the start.
+
+    Reads the raylets' store stats through `ray._private.internal_api`, the call behind
+    `ray memory --stats-only`: Ray has no public API for bytes in use. Kept to this benchmark.
+    """
+
+    def __init__(self, every_s: float = 0.25):
+        import threading
+
+        import ray
+        from ray._private.internal_api import get_state_from_address
+
+        self._state = get_state_from_address(ray.get_runtime_context().gcs_address)
+        self.every_s, self.peak, self.spilled = every_s, 0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _stats(self):
+        from ray._private.internal_api import get_memory_info_reply
+
+        return get_memory_info_reply(self._state).store_stats
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            st = self._stats()
+            self.peak = max(self.peak, int(st.object_store_bytes_used) - self.base)
+            self.spilled = int(st.spilled_bytes_total) - self.base_spilled
+
+    def __enter__(self):
+        # Objects of an earlier run are freed asynchronously: wait for the level to settle.
+        last, steady = -1, 0
+        for _ in range(120):
+            used = int(self._stats().object_store_bytes_used)
+            steady = steady + 1 if used == last else 0
+            if steady >= 4:
+                break
+            last = used
+            time.sleep(self.every_s)
+        st = self._stats()
+        self.base, self.base_spilled = int(st.object_store_bytes_used), int(st.spilled_bytes_total)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def measure_chapters(
+    num_samples: int = 100_000,
+    consumers: int = 2,
+    chapter_tokens=(None, 2**25),
+    *,
+    shards: int = 8,
+    vocab_size: int = 512,
+    token_budget: int = 65_536,
+    data_dir: str | None = None,
+) -> list[dict]:
+    """One cold epoch per chapter size (None: the whole epoch in one), as training runs it: the
+    feeder starts with prefetch on and the consumers ask for their parts at once. Reports the
+    time to the first micro-batch, the epoch's wall time, tokens/s per consumer, the peak of the
+    object store above its level before the feeder started, and the feeder's own peak of part
+    bytes held."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address="local", include_dashboard=False, log_to_driver=False)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    data_dir = data_dir or f"data/bench/seed902k-{num_samples}-{shards}"
+    write_corpus(data_dir, num_samples=num_samples, shards=shards, vocab_size=vocab_size)
+    consume = ray.remote(num_cpus=1)(_consume_timed)
+    out = []
+    with tempfile.TemporaryDirectory(prefix="bucketray-bench-index-") as cache:
+        for ct in chapter_tokens:
+            cfg = RunConfig.model_validate(
+                {
+                    "data": {"path": data_dir, "cache_dir": cache, "chapter_tokens": ct},
+                    "batching": {"token_budget": token_budget},
+                    "model": {"vocab_size": vocab_size},
+                    "scaling": {"num_workers": consumers},
+                }
+            )
+            index = build_length_index(cfg)
+            edges = resolve_edges(cfg, index.lengths)
+            name = "bucketray-bench-chapters"
+            with _StorePeak() as store:
+                t0 = time.time()
+                feeder = start_feeder(cfg, index, edges, name=name, path=data_dir, prefetch=True)
+                res = ray.get([consume.remote(name, 0, r, consumers) for r in range(consumers)])
+                hist = ray.get(feeder.history.remote())
+                held = ray.get(feeder.memory.remote())
+                stop_feeder(name)
+            first = max(r["first"] for r in res) - t0
+            out.append(
+                {
+                    "chapter_tokens": ct,
+                    "chapters": hist[0]["chapters"],
+                    "num_tokens": index.num_tokens,
+                    "first_step_s": first,
+                    "first_chapter_prepare_s": sum(
+                        hist[0][k] for k in ("plan_s", "sort_s", "split_s")
+                    ),
+                    "epoch_s": max(r["end"] for r in res) - t0,
+                    "tokens_per_s_per_consumer": float(
+                        statistics.median(r["real"] / (r["end"] - r["first"]) for r in res)
+                    ),
+                    "object_store_base_bytes": store.base,
+                    "peak_object_store_bytes": store.peak,
+                    "spilled_bytes": store.spilled,
+                    "feeder_peak_held_bytes": held["peak_held_bytes"],
+                    "max_chapter_bytes": max(h["bytes"] for h in hist),
+                }
+            )
+    return out

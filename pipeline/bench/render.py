@@ -549,6 +549,38 @@ def _section_delivery(r: dict) -> list[str]:
         ],
         rows,
     )
+    chapters = [(x, c) for x in d["runs"].values() for c in x.get("chapters", [])]
+    if chapters:
+        out += [
+            "",
+            "Chapters (`pipeline.bench.delivery.measure_chapters`): one cold epoch as training "
+            "runs it (feeder prefetching, consumers asking at once), whole and in chapters. The "
+            "object store peak is above its level before the feeder started.",
+            "",
+        ]
+        out += _table(
+            [
+                "samples",
+                "chapter tokens",
+                "chapters",
+                "first micro-batch (s)",
+                "epoch (s)",
+                "object store peak (MB)",
+                "feeder parts held, peak (MB)",
+            ],
+            [
+                [
+                    f"{x['num_samples']:,}",
+                    "whole epoch" if c["chapter_tokens"] is None else f"{c['chapter_tokens']:,}",
+                    f"{c['chapters']}",
+                    f"{c['first_step_s']:.1f}",
+                    f"{c['epoch_s']:.1f}",
+                    f"{c['peak_object_store_bytes'] / 1e6:,.0f}",
+                    f"{c['feeder_peak_held_bytes'] / 1e6:,.0f}",
+                ]
+                for x, c in chapters
+            ],
+        )
     return out
 
 

@@ -57,6 +57,8 @@ class SuiteOptions:
     delivery_samples: list[int] = field(default_factory=lambda: [100_000])
     delivery_repeats: int = 3
     full_delivery_repeats: int = 1  # epochs at 902K: each sorts ~1 GB (~80 s on 2 cores)
+    # Below 902K: one cold epoch whole and one in chapters of this many tokens (None: skip).
+    delivery_chapter_tokens: int | None = 2**25
     work_dir: str = "out/bench"
     gpu_metrics: str = GPU_METRICS
     quick: bool = False
@@ -75,6 +77,7 @@ class SuiteOptions:
             realtext_steps=40,
             delivery_samples=[5_000],
             delivery_repeats=1,
+            delivery_chapter_tokens=2**20,
             quick=True,
         )
         return cls(**(base | kw))
@@ -227,6 +230,17 @@ def section_delivery(opts: SuiteOptions, log: Callable[[str], None]) -> dict:
         r = measure_delivery(
             n, 2, shards=shards, repeats=repeats, data_dir=f"data/bench/seed902k-{n}-{shards}"
         )
+        if opts.delivery_chapter_tokens and not full:
+            from pipeline.bench.delivery import measure_chapters
+
+            log(f"delivery: {n:,} samples, one cold epoch whole and one in chapters")
+            r["chapters"] = measure_chapters(
+                n,
+                2,
+                (None, opts.delivery_chapter_tokens),
+                shards=shards,
+                data_dir=f"data/bench/seed902k-{n}-{shards}",
+            )
         r["wall_s"] = time.perf_counter() - t
         runs[str(n)] = r
     return {"runs": runs}

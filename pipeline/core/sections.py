@@ -118,6 +118,15 @@ class DataConfig(_Section):
         None, description="Quarantine parquet path; null: <cache dir>/quarantine.parquet."
     )
     pad_id: NonNegativeInt = Field(0, description="Token id written into padding slots.")
+    # Chapters (pipeline/core/chapters.py): 2**28 = chapters.DEFAULT_CHAPTER_TOKENS, chosen there.
+    chapter_tokens: PositiveInt | None = Field(
+        2**28,
+        description="Most real tokens one chapter (a run of consecutive global steps read, sorted "
+        "and held in the object store together) may hold; 2**28 int32 ids = 1 GiB. Null: no limit.",
+    )
+    chapter_steps: PositiveInt | None = Field(
+        None, description="Most global steps one chapter may hold. Null: no limit."
+    )
 
     # The data source: one group or the other (an override of one drops the other's fields).
     exclusive_groups: ClassVar[tuple[frozenset[str], ...]] = (

@@ -1,18 +1,24 @@
-"""The feeder actor: prepares each epoch's sorted per-rank parts and hands them to the workers.
+"""The feeder actor: prepares each chapter's sorted per-rank parts and hands them to the workers.
 
-For epoch e the plan gives every sample a key (rank-major, then step, then slot). A Ray Data pass
-reads only the row groups holding planned samples (`pipeline.data.read`), sorts by key across the
-cluster with range boundaries at the ranks' row offsets (keys are dense, so no sampling pass is
-needed), materializes, and `split_at_indices` cuts one part per rank. The feeder is a named
-zero-CPU actor on the driver's node; it owns those blocks and starts epoch e+1 as soon as e is
-ready, so the sort overlaps training. Resuming at (e, s) sorts only the plan's tail
-(`EpochPlan.slice`). A preparation that failed is dropped, and the next request prepares again.
+An epoch's global steps are cut into chapters (`pipeline.core.chapters`: at most
+data.chapter_tokens real tokens or data.chapter_steps steps each), and each chapter is prepared on
+its own: its plan (the epoch's, restricted to its steps) gives every sample a key (rank-major,
+then step, then slot); a Ray Data pass reads only the row groups holding the chapter's samples
+(`pipeline.data.read`), sorts by key across the cluster with range boundaries at the ranks' row
+offsets (keys are dense, so no sampling pass is needed), materializes, and `split_at_indices`
+cuts one part per rank. The feeder is a named zero-CPU actor on the driver's node; it owns those
+blocks, starts the next chapter (or the next epoch's first) as soon as one is asked for, so the
+sort overlaps training, and drops a chapter once every rank has moved past it: about two chapters
+are held at a time, and the first step waits for one chapter, not an epoch. Resuming at (e, s)
+prepares the chapter holding s from s (`EpochPlan.slice`). A preparation that failed is dropped,
+and the next request prepares again.
 Ray restarts a dead feeder from its constructor arguments, which hold everything an epoch needs;
 its blocks died with it, and the workers ask again (`pipeline.data.stream`).
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import threading
@@ -24,6 +30,13 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow.fs as pafs
 
+from pipeline.core.chapters import (
+    RankPositions,
+    chapter_end,
+    chapter_of,
+    chapter_plan,
+    plan_chapter_bounds,
+)
 from pipeline.core.config import RunConfig
 from pipeline.core.epochs import epoch_plan_for
 from pipeline.core.plan import EpochPlan, RankView
@@ -46,6 +59,8 @@ FEEDER_MAX_CONCURRENCY = 64
 # once they are used up the workers' requests fail, and the run with them, instead of waiting.
 FEEDER_MAX_RESTARTS = 4
 SORT_SHUFFLE_STRATEGY = "sort_shuffle_pull_based"
+# Stats of the last preparations kept for `history()` (a few epochs' chapters).
+HISTORY = 256
 # Handles held by this (driver) process: a named actor without a handle would be reclaimed.
 _FEEDERS: dict[str, object] = {}
 
@@ -105,6 +120,10 @@ class Feeder:
         self._lock = threading.Lock()
         self._jobs: dict[tuple, Future] = {}
         self._retries: dict[tuple, int] = {}
+        self._epochs: dict[tuple, tuple[EpochPlan, np.ndarray]] = {}  # see _epoch
+        self._positions = RankPositions()  # where each rank last asked to start
+        self._peak_held_bytes = 0
+        self._history: collections.deque = collections.deque(maxlen=HISTORY)
         # One preparation at a time: two concurrent sorts would only compete for the same CPUs.
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="feeder")
 
@@ -134,13 +153,28 @@ class Feeder:
             log.warning("data: preparing %s had failed; preparing it again", key, exc_info=True)
             return self._submit(key)[0].result()
 
+    def _epoch(self, epoch: int, world_size: int) -> tuple[EpochPlan, np.ndarray]:
+        """The epoch's plan and chapter bounds (of the full plan, so a resume keeps them),
+        memoised for two epochs; only the preparing thread calls this."""
+        key = (epoch, world_size)
+        if key not in self._epochs:
+            plan = epoch_plan_for(self.cfg, self.index, self.edges, epoch, world_size)
+            d = self.cfg.data
+            self._epochs[key] = (
+                plan,
+                plan_chapter_bounds(plan, max_steps=d.chapter_steps, max_tokens=d.chapter_tokens),
+            )
+            for k in sorted(self._epochs)[:-2]:
+                del self._epochs[k]
+        return self._epochs[key]
+
     def _prepare(self, epoch: int, world_size: int, start_step: int) -> _Prepared:
         key = (epoch, world_size, start_step)
         t0 = time.perf_counter()
-        plan = epoch_plan_for(self.cfg, self.index, self.edges, epoch, world_size)
-        full_hash = plan.content_hash
-        if start_step:
-            plan = plan.slice(start_step)
+        full, bounds = self._epoch(epoch, world_size)
+        full_hash = full.content_hash
+        end_step, epoch_steps = chapter_end(bounds, start_step), full.num_steps
+        plan = chapter_plan(full, start_step, end_step)
         keys, rank_rows = plan.sort_keys()
         units = plan_read_units(self.index, plan.sample_ids, keys)
         with self._lock:
@@ -154,27 +188,36 @@ class Feeder:
         if parts:
             refs = [p.to_arrow_refs() for p in parts]
         t_split = time.perf_counter()
+        stats = {
+            "epoch": epoch,
+            "world_size": world_size,
+            "start_step": start_step,
+            "end_step": end_step,
+            "epoch_steps": epoch_steps,
+            "chapter": chapter_of(bounds, start_step) if start_step < epoch_steps else -1,
+            "chapters": int(bounds.size - 1),
+            "bytes": int(sum(p.size_bytes() for p in parts)),
+            "steps": plan.num_steps,
+            "rows_sorted": plan.num_samples,
+            "row_groups_read": int(len(units["file_idx"])),
+            "plan_s": t_plan - t0,
+            "sort_s": t_sort - t_plan,
+            "split_s": t_split - t_sort,
+            "plan_hash": full_hash,
+        }
         with self._lock:
-            retries = self._retries.get(key, 0)
+            stats["read_retries"] = self._retries.get(key, 0)
+            # Not done yet: held at once = the finished preparations + this one.
+            held = self._done_bytes() + stats["bytes"]
+            self._peak_held_bytes = max(self._peak_held_bytes, held)
+            self._history.append(stats)
         return _Prepared(
             prep_id=uuid.uuid4().hex[:12],
             plan_hash=full_hash,
             views=[plan.rank_view(r) for r in range(world_size)],
             refs=refs,
             parts=parts,
-            stats={
-                "epoch": epoch,
-                "world_size": world_size,
-                "start_step": start_step,
-                "steps": plan.num_steps,
-                "rows_sorted": plan.num_samples,
-                "row_groups_read": int(len(units["file_idx"])),
-                "read_retries": retries,
-                "plan_s": t_plan - t0,
-                "sort_s": t_sort - t_plan,
-                "split_s": t_split - t_sort,
-                "plan_hash": full_hash,
-            },
+            stats=stats,
         )
 
     def _sorted_parts(self, plan: EpochPlan, units: dict, rank_rows: np.ndarray, key: tuple):
@@ -223,14 +266,22 @@ class Feeder:
     def part(
         self, epoch: int, world_size: int, start_step: int, rank: int, stale: str | None = None
     ) -> RankPart:
-        """Rank `rank`'s part; starts preparing epoch + 1. `stale`: a prep_id whose blocks a
-        worker found lost, prepared again instead of handed out a second time."""
+        """Rank `rank`'s part of the chapter holding `start_step`, from `start_step` to the
+        chapter's end. Once every rank has asked for this chapter (so none needs an earlier
+        one), the next chapter (or the next epoch's first) starts preparing: about two chapters
+        are held at once. `stale`: a prep_id whose blocks a worker found lost, prepared again
+        instead of handed out twice."""
         prep = self._prepared((epoch, world_size, start_step), stale)
-        if self.prefetch and epoch + 1 < self.cfg.train.epochs:  # no sort nobody will read
-            self._submit((epoch + 1, world_size, 0))
-        with self._lock:  # parts of older epochs are released (workers still reading hold refs)
-            for k in [k for k in self._jobs if k[0] < epoch]:
-                del self._jobs[k]
+        end, steps = prep.stats["end_step"], prep.stats["epoch_steps"]
+        everyone_here = self.consumed(epoch, world_size, start_step, rank)
+        if end < steps:
+            nxt = (epoch, world_size, end)
+        elif epoch + 1 < self.cfg.train.epochs:  # no sort nobody will read
+            nxt = (epoch + 1, world_size, 0)
+        else:
+            nxt = None
+        if self.prefetch and everyone_here and nxt is not None:
+            self._submit(nxt)
         return RankPart(
             epoch=epoch,
             world_size=world_size,
@@ -245,7 +296,50 @@ class Feeder:
             pad_to_multiple_of=self.cfg.batching.pad_to_multiple_of,
             supervision=self.index.supervision,
             read_retries=prep.stats["read_retries"],
+            end_step=end,
+            epoch_steps=steps,
         )
+
+    def consumed(self, epoch: int, world_size: int, step: int, rank: int) -> bool:
+        """Rank `rank` needs nothing before global step `step` of `epoch` any more (it asked to
+        start there, or acknowledges a chapter it finished). A chapter every rank has moved past
+        is dropped here; its blocks are freed once the workers drop their refs as well. A rank
+        asking with another world size drops what the old world size left behind. Returns
+        whether every rank is at (epoch, step) or beyond."""
+        with self._lock:
+            self._positions.move(epoch, world_size, step, rank)
+            for k, f in list(self._jobs.items()):
+                # A failed one stays until asked for again: status() shows its error till then.
+                if f.done() and (
+                    k[1] != world_size
+                    or (
+                        f.exception() is None
+                        and self._positions.passed(k[0], f.result().stats["end_step"])
+                    )
+                ):
+                    del self._jobs[k]
+            return self._positions.passed(epoch, step)
+
+    def _done_bytes(self) -> int:
+        """Bytes of the parts this feeder holds (its finished preparations); under the lock."""
+        return sum(
+            f.result().stats["bytes"]
+            for f in self._jobs.values()
+            if f.done() and f.exception() is None
+        )
+
+    def history(self) -> list[dict]:
+        """Stats of the last preparations (HISTORY), oldest first, released ones included."""
+        with self._lock:
+            return list(self._history)
+
+    def memory(self) -> dict:
+        """Bytes of the parts held now, and the most held at once (at a preparation's end)."""
+        with self._lock:
+            held = self._done_bytes()
+            self._peak_held_bytes = max(self._peak_held_bytes, held)
+            keys = sorted(k for k, f in self._jobs.items() if f.done() and f.exception() is None)
+            return {"held_bytes": held, "peak_held_bytes": self._peak_held_bytes, "held": keys}
 
     def note_read_retries(self, key: tuple, n: int) -> None:
         """Read tasks report the transient errors they retried (see `pipeline.data.retry`)."""

@@ -1,5 +1,8 @@
 """What the feeder hands a worker for one (epoch, world size, start step, rank), and its checks.
 
+A part covers one chapter of the epoch (`pipeline.core.chapters`), from the start step asked for
+to the chapter's end (`end_step`); the worker asks for the next part from there.
+
 One frozen object instead of a loose dict: the rank's plan view, the ordered refs of its sorted
 blocks, what padding needs, and the identity of the plan it was cut from. The worker checks that
 identity before it trains on a row: the part must answer its own request, and the plan's hash
@@ -22,7 +25,7 @@ class PlanMismatchError(RuntimeError):
 
 @dataclass(frozen=True, eq=False)
 class RankPart:
-    """Rank `rank`'s share of one prepared epoch (plan rows from `start_step` on)."""
+    """Rank `rank`'s share of one prepared chapter: plan rows of steps [start_step, end_step)."""
 
     epoch: int
     world_size: int
@@ -30,12 +33,14 @@ class RankPart:
     rank: int
     prep_id: str  # which preparation of this key the blocks come from
     plan_hash: str  # content hash of the whole epoch's plan (EpochPlan.content_hash)
-    view: RankView  # the rank's rows, micro-batches and steps from start_step on
+    view: RankView  # the rank's rows, micro-batches and steps of [start_step, end_step)
     refs: tuple  # ObjectRefs of the rank's sorted blocks, in plan order
     edges: tuple[int, ...]
     pad_id: int
     pad_to_multiple_of: int
     supervision: str  # "", "loss_mask" or "labels": what the blocks' `sup` column holds
+    end_step: int  # the part's chapter ends here (exclusive); the next part starts here
+    epoch_steps: int  # global steps in the epoch: the last part ends there
     read_retries: int = 0  # transient read errors retried while preparing this epoch
 
     def check(

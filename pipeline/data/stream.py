@@ -1,19 +1,21 @@
 """A rank's micro-batch stream inside a Ray Train worker: ask the feeder, fetch blocks, pad.
 
-The worker asks the feeder for its part of (epoch, world size, start step), checks the answer
+The worker asks the feeder for its part of (epoch, world size, start step) -- the rows of the
+chapter holding the start step, from there to the chapter's end -- checks the answer
 (`RankPart.check`: the request it answers and, given the run's plan hash, the plan), fetches the
 part's blocks in order while the previous one is padded, and re-chunks them (`rechunk.deliver`).
-If the feeder dies, its blocks die with it (it owns them): Ray restarts the feeder, and the
-stream asks again for the same part, skips the micro-batches it already yielded and goes on, so
-the sequence is the one an undisturbed stream gives. Every rank asks for the same key, so the
-restarted feeder sorts the epoch once for all of them.
+At the chapter's end it tells the feeder it is done with it and asks for the next chapter, until
+the epoch's last step. If the feeder dies, its blocks die with it (it owns them): Ray restarts
+the feeder, and the stream asks again for the same part, skips the micro-batches it already
+yielded and goes on, so the sequence is the one an undisturbed stream gives. Every rank asks for
+the same key, so the restarted feeder sorts the chapter once for all of them.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 import pyarrow as pa
 
@@ -61,9 +63,28 @@ def rank_batches(
     recorded), makes the stream refuse a feeder serving another plan (`PlanMismatchError`).
     """
     import ray
-    from ray.exceptions import ObjectLostError, RayActorError
 
     feeder = ray.get_actor(feeder_name)
+    step = start_step
+    while True:
+        step, epoch_steps = yield from _chapter_batches(
+            feeder, feeder_name, epoch, step, rank, world_size, pin_memory, plan_hash
+        )
+        # Done with this chapter (its refs are dropped): the feeder drops it once every rank is.
+        # Not retried: an ack a restarted feeder misses is made good by the next request.
+        feeder.consumed.options(max_task_retries=0).remote(epoch, world_size, step, rank)
+        if step >= epoch_steps:
+            return
+
+
+def _chapter_batches(
+    feeder, feeder_name, epoch, start_step, rank, world_size, pin_memory, plan_hash
+) -> Generator[MicroBatch, None, tuple[int, int]]:
+    """One part's micro-batches, riding through feeder losses; returns (its end step, the
+    epoch's steps)."""
+    import ray
+    from ray.exceptions import ObjectLostError, RayActorError
+
     yielded, stale = 0, None
     for loss in range(MAX_FEEDER_LOSSES + 1):
         try:
@@ -89,7 +110,7 @@ def rank_batches(
             ):
                 yield mb
                 yielded += 1
-            return
+            return part.end_step, part.epoch_steps
         except (ObjectLostError, RayActorError) as e:
             if getattr(e, "actor_init_failed", False):
                 raise  # the feeder cannot start at all: asking again would fail the same way

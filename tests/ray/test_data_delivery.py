@@ -179,7 +179,7 @@ def test_contract7_stream_from_step_equals_tail(corpus):
                 for k in ("input_ids", "attention_mask", "labels", "position_ids")
             )
     # Consumed samples were neither sorted nor delivered.
-    (stats,) = ray.get(ray.get_actor(name).status.remote())
+    (stats,) = ray.get(ray.get_actor(name).history.remote())
     remaining = sum(mb.sample_ids.size for s in tail for mb in s)
     assert stats["start_step"] == start and stats["rows_sorted"] == remaining
     assert remaining < corpus.index.num_samples

@@ -207,6 +207,16 @@ def _fake_delivery() -> dict:
         "index_cached_s": 0.05,
         "generate_s": 0.0,
     }
+    chapter = {
+        "first_step_s": 1.0,
+        "epoch_s": 2.0,
+        "peak_object_store_bytes": 4e7,
+        "feeder_peak_held_bytes": 2e7,
+    }
+    run["chapters"] = [
+        chapter | {"chapter_tokens": None, "chapters": 1},
+        chapter | {"chapter_tokens": 2**20, "chapters": 5},
+    ]
     return {"runs": {"5000": run}}
 
 
@@ -254,6 +264,7 @@ def test_markdown_has_every_table_and_no_placeholder(results, tmp_path):
     for bad in ("nan", "None", "TODO", "XXX", "{", "}"):
         assert bad not in doc.replace("`{", "").replace("}`", ""), bad
     assert "python -m jobs.benchmark --quick" in doc
+    assert "| 5,000 | whole epoch | 1 |" in doc and "| 5,000 | 1,048,576 | 5 |" in doc
     assert "load average" in doc
     for p in results["plots"]:
         assert p.endswith(".png")

@@ -1,0 +1,153 @@
+"""Chapters at delivery: the feeder prepares an epoch chapter by chapter, and every rank still
+trains exactly the unchaptered sequence (same plan hash), from the start or from a resume inside
+a chapter; chapters every rank has passed are dropped, so about two are held at once."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import numpy as np
+import pytest
+import ray
+
+from pipeline.core.chapters import plan_chapter_bounds
+from pipeline.data import (
+    build_length_index,
+    epoch_plan_for,
+    rank_batches,
+    resolve_edges,
+    start_feeder,
+    stop_feeder,
+)
+from tests.ray.test_data_delivery import base_cfg, write_corpus
+
+pytestmark = pytest.mark.ray
+
+CHAPTER_STEPS = 9
+TENSORS = ("input_ids", "attention_mask", "labels", "position_ids")
+
+
+class Data:
+    def __init__(self, path):
+        self.path = str(path)
+        lengths = np.random.default_rng(5).integers(1, 65, 600)
+        self.tokens = write_corpus(self.path, lengths, shards=3, rows_per_group=50)
+        self.cfg = base_cfg(self.path, train={"epochs": 2}, data={"chapter_steps": CHAPTER_STEPS})
+        self.whole_cfg = base_cfg(self.path, train={"epochs": 2}, data={"chapter_tokens": None})
+        self.index = build_length_index(self.cfg)
+        self.edges = resolve_edges(self.cfg, self.index.lengths)
+
+    def feeder(self, cfg, prefetch=False) -> str:
+        name = f"chapters-{uuid.uuid4().hex[:8]}"
+        start_feeder(cfg, self.index, self.edges, name=name, path=self.path, prefetch=prefetch)
+        return name
+
+    def plan(self, epoch, world):
+        return epoch_plan_for(self.cfg, self.index, self.edges, epoch, world)
+
+    def bounds(self, plan):
+        d = self.cfg.data
+        return plan_chapter_bounds(plan, max_steps=d.chapter_steps, max_tokens=d.chapter_tokens)
+
+    def streams(self, cfg, world, epoch=0, start_step=0):
+        name = self.feeder(cfg)
+        h = self.plan(epoch, world).content_hash  # a part of another plan would be refused
+        try:
+            out = [
+                list(
+                    rank_batches(
+                        name,
+                        epoch=epoch,
+                        start_step=start_step,
+                        rank=r,
+                        world_size=world,
+                        plan_hash=h,
+                    )
+                )
+                for r in range(world)
+            ]
+            return out, ray.get(ray.get_actor(name).history.remote())
+        finally:
+            stop_feeder(name)
+
+
+@pytest.fixture(scope="module")
+def data(cluster, tmp_path_factory):
+    return Data(tmp_path_factory.mktemp("chapters"))
+
+
+def assert_same_streams(got, want):
+    for r, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert [mb.step for mb in g] == [mb.step for mb in w], r
+        for a, b in zip(g, w, strict=True):
+            assert a.bucket == b.bucket and np.array_equal(a.sample_ids, b.sample_ids)
+            assert all((getattr(a, k) == getattr(b, k)).all() for k in TENSORS), (r, a.step)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_chaptered_epoch_delivers_the_unchaptered_per_rank_sequence(data, world):
+    plan = data.plan(0, world)
+    bounds = data.bounds(plan)
+    assert bounds.size - 1 >= 4, "the corpus is sized to give several chapters"
+    whole, whole_status = data.streams(data.whole_cfg, world)
+    chaptered, status = data.streams(data.cfg, world)
+    assert_same_streams(chaptered, whole)
+    for r, stream in enumerate(chaptered):  # and both are the plan's view
+        ids = np.concatenate([mb.sample_ids for mb in stream])
+        assert np.array_equal(ids, plan.rank_view(r).sample_ids)
+    assert [s["chapters"] for s in whole_status] == [1]
+    # Each chapter was read, keyed, sorted and split on its own, under the epoch's plan hash.
+    assert [(s["start_step"], s["end_step"]) for s in status] == list(
+        zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)
+    )
+    assert {s["plan_hash"] for s in status} == {plan.content_hash}
+    assert sum(s["rows_sorted"] for s in status) == plan.num_samples
+
+
+def test_resume_inside_a_chapter_delivers_the_unchaptered_tail(data):
+    bounds = data.bounds(data.plan(0, 2))
+    start = int(bounds[1]) + 3  # inside the second chapter
+    whole, _ = data.streams(data.whole_cfg, 2, start_step=start)
+    chaptered, status = data.streams(data.cfg, 2, start_step=start)
+    assert_same_streams(chaptered, whole)
+    assert chaptered[0][0].step == start
+    first = status[0]
+    assert (first["chapter"], first["start_step"], first["end_step"]) == (1, start, bounds[2])
+    assert sum(s["rows_sorted"] for s in status) == sum(
+        mb.sample_ids.size for s in chaptered for mb in s
+    )
+
+
+def _held(name):
+    return ray.get(ray.get_actor(name).memory.remote())
+
+
+def test_chapters_are_prepared_ahead_and_dropped_once_every_rank_passed_them(data):
+    world = 2
+    name = data.feeder(data.cfg, prefetch=True)
+    try:
+        gens = [
+            rank_batches(name, epoch=0, start_step=0, rank=r, world_size=world)
+            for r in range(world)
+        ]
+        held_counts = []
+        for mbs in zip(*gens, strict=True):  # the ranks in step, as DDP keeps them
+            held_counts.append(len(_held(name)["held"]))
+            assert len({mb.step for mb in mbs}) == 1
+        for g in gens:
+            assert next(g, None) is None
+        assert max(held_counts) <= 2, held_counts  # the chapter in use and the next one
+        # After the epoch only the next epoch's first chapter (prefetched) is held.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            m = _held(name)
+            if [tuple(k) for k in m["held"]] == [(1, world, 0)]:
+                break
+            time.sleep(0.2)
+        assert [tuple(k) for k in m["held"]] == [(1, world, 0)], m
+        stats = ray.get(ray.get_actor(name).history.remote())
+        chapter_bytes = max(s["bytes"] for s in stats)
+        assert 0 < m["peak_held_bytes"] <= 2 * chapter_bytes * 1.5
+    finally:
+        stop_feeder(name)
