@@ -80,6 +80,49 @@ def baseline_delivery(cfg: RunConfig, index, edges, epoch: int, world: int, path
     }
 
 
+def _timed_index(data_dir: str, token_budget: int, vocab_size: int, consumers: int):
+    """The run config, the length index built cold (a fresh cache dir) and the seconds of the
+    cold and the cached build."""
+    with tempfile.TemporaryDirectory(prefix="bucketray-bench-index-") as cache:
+        cfg = RunConfig.model_validate(
+            {
+                # One chapter: this measures the whole epoch's sort (chapters: measure_chapters).
+                "data": {"path": data_dir, "cache_dir": cache, "chapter_tokens": None},
+                "batching": {"token_budget": token_budget},
+                "model": {"vocab_size": vocab_size},
+                "scaling": {"num_workers": consumers},
+            }
+        )
+        t = time.perf_counter()
+        index = build_length_index(cfg)  # cold: the cache dir is new
+        index_s = time.perf_counter() - t
+        t = time.perf_counter()
+        cached = build_length_index(cfg)
+        index_cached_s = time.perf_counter() - t
+        assert cached.from_cache and not index.from_cache
+    return cfg, index, index_s, index_cached_s
+
+
+def _ray_epochs(feeder, name: str, consumers: int, repeats: int):
+    """`repeats` epochs through the feeder: each epoch's prepare stats, per-consumer and total
+    real tokens/s, and the last epoch's real and padded tokens."""
+    import ray
+
+    consume = ray.remote(num_cpus=1)(_consume)
+    preps, per_consumer, totals = [], [], []
+    for epoch in range(repeats):
+        t = time.perf_counter()
+        stats = ray.get(feeder.prepare.remote(epoch, consumers, 0))
+        stats["prepare_wall_s"] = time.perf_counter() - t
+        preps.append(stats)
+        results = ray.get([consume.remote(name, epoch, r, consumers) for r in range(consumers)])
+        per_consumer.append([x["real"] / x["seconds"] for x in results])
+        totals.append(sum(x["real"] for x in results) / max(x["seconds"] for x in results))
+        padded = sum(x["padded"] for x in results)
+        real = sum(x["real"] for x in results)
+    return preps, per_consumer, totals, real, padded
+
+
 def measure_delivery(
     num_samples: int = 100_000,
     consumers: int = 2,
@@ -112,41 +155,16 @@ def measure_delivery(
         progress=True,
     )
     gen_s = time.perf_counter() - t
-    with tempfile.TemporaryDirectory(prefix="bucketray-bench-index-") as cache:
-        cfg = RunConfig.model_validate(
-            {
-                # One chapter: this measures the whole epoch's sort (chapters: measure_chapters).
-                "data": {"path": data_dir, "cache_dir": cache, "chapter_tokens": None},
-                "batching": {"token_budget": token_budget},
-                "model": {"vocab_size": vocab_size},
-                "scaling": {"num_workers": consumers},
-            }
-        )
-        t = time.perf_counter()
-        index = build_length_index(cfg)  # cold: the cache dir is new
-        index_s = time.perf_counter() - t
-        t = time.perf_counter()
-        cached = build_length_index(cfg)
-        index_cached_s = time.perf_counter() - t
-        assert cached.from_cache and not index.from_cache
+    cfg, index, index_s, index_cached_s = _timed_index(
+        data_dir, token_budget, vocab_size, consumers
+    )
     t = time.perf_counter()
     edges = resolve_edges(cfg, index.lengths)
     edges_s = time.perf_counter() - t
 
     name = "bucketray-bench-feeder"
     feeder = start_feeder(cfg, index, edges, name=name, path=data_dir, prefetch=False)
-    consume = ray.remote(num_cpus=1)(_consume)
-    preps, per_consumer, totals = [], [], []
-    for epoch in range(repeats):
-        t = time.perf_counter()
-        stats = ray.get(feeder.prepare.remote(epoch, consumers, 0))
-        stats["prepare_wall_s"] = time.perf_counter() - t
-        preps.append(stats)
-        results = ray.get([consume.remote(name, epoch, r, consumers) for r in range(consumers)])
-        per_consumer.append([x["real"] / x["seconds"] for x in results])
-        totals.append(sum(x["real"] for x in results) / max(x["seconds"] for x in results))
-        padded = sum(x["padded"] for x in results)
-        real = sum(x["real"] for x in results)
+    preps, per_consumer, totals, real, padded = _ray_epochs(feeder, name, consumers, repeats)
     stop_feeder(name)
     base = [baseline_delivery(cfg, index, edges, e, consumers, data_dir) for e in range(repeats)]
 

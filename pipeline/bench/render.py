@@ -1,64 +1,31 @@
-"""BENCHMARKS.md from the suite's results dict: every number in the document comes from it."""
+"""BENCHMARKS.md from the suite's results dict: every number in the document comes from it.
+
+Sections 2 and 3 live in `render_training` and `render_quality`; the shared goals, names and
+Markdown helpers in `render_util`.
+"""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from pipeline.bench.fullbatch import render_budget
 from pipeline.bench.plots import TEAM_KTOK_S, TEAM_MEASURED
+from pipeline.bench.render_quality import _section_quality
+from pipeline.bench.render_training import _section_training
+from pipeline.bench.render_util import (
+    GOAL_VS_SORTED,
+    READABILITY_GOAL,
+    RECOMPOSITION_TARGET,
+    _by_name,
+    _k,
+    _n,
+    _name,
+    _pct,
+    _rel,
+    _table,
+)
 
 __all__ = ["render_markdown", "render_headline", "GOAL_VS_SORTED", "RECOMPOSITION_TARGET"]
-
-# Issue 5: the bucketed policy's throughput goal, and the recomposition target.
-GOAL_VS_SORTED = 0.93
-RECOMPOSITION_TARGET = 0.01
-# Real text: the bucket-debiased loss should vary at most half as much step to step as the raw.
-READABILITY_GOAL = 0.5
-_NAMES = {
-    "sorted": "sorted-static",
-    "random": "random",
-    "megabatch": "megabatch (HF `group_by_length`)",
-    "edges:team": "team's six edges",
-}
-
-
-def _pct(x: float | None, digits: int = 1) -> str:
-    return "n/a" if x is None else f"{100 * x:.{digits}f}%"
-
-
-def _f(x: float | None, fmt: str = ".3f") -> str:
-    return "n/a" if x is None else format(x, fmt)
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    return out + [""]
-
-
-def _name(name: str, auto_k: int | None = None) -> str:
-    if name == "optimal:auto":
-        return f"optimal edges, auto (K={auto_k})" if auto_k else "optimal edges, auto"
-    if name.startswith("optimal:"):
-        return f"optimal edges, K={name.split(':')[1]}"
-    return _NAMES.get(name, name)
-
-
-def _n(n: int, noun: str) -> str:
-    return f"{n} {noun}{'s' if n != 1 else ''}"
-
-
-def _k(n: int) -> str:
-    return f"{n / 1000:.0f}K" if n >= 10_000 else f"{n:,}"
-
-
-def _rel(path: str, doc: str) -> str:
-    return os.path.relpath(path, Path(doc).parent or ".")
-
-
-def _by_name(rows: list[dict]) -> dict:
-    return {x["name"]: x for x in rows}
 
 
 def _headline(r: dict) -> list[str]:
@@ -238,271 +205,6 @@ def _section_padding(r: dict) -> list[str]:
             f"as long (it works on the histogram of at most 8192 distinct lengths, so beyond "
             f"building the histogram its cost does not grow with the data) and the plan "
             f"{b['plan_s'] / a['plan_s']:.1f}x (linear sorts and gathers over samples).",
-            "",
-        ]
-    return out
-
-
-def _section_training(r: dict, doc: str, plots: dict) -> list[str]:
-    tr = r["training"]
-    out = ["## 2. Training throughput, same run", ""]
-    if "skipped" in tr:
-        return out + [f"Skipped: {tr['skipped']}.", ""]
-    b = tr["batching"]
-    size = (
-        f"fixed global batch {b['batch_size']}"
-        if b["mode"] == "fixed"
-        else f"token budget {b['token_budget']:,}"
-    )
-    out += [
-        f"`pipeline.train.launch.run` on one private local Ray cluster: the tiny model "
-        f"(`{tr['config']}`: {tr['model']['n_layers']} layers, d_model {tr['model']['d_model']}, "
-        f"vocabulary {tr['model']['vocab_size']}) on 2 CPU workers (0.5 CPU each), "
-        f"{tr['num_samples']:,} samples x 1 epoch under every policy, {size}, the same model "
-        f"and data for all. Reduced scale: CPU workers cannot train 8192-token samples, so the "
-        f"corpus keeps the preset's length distribution multiplied by "
-        f"{tr['max_length']}/8192 = {tr['scale']:.4g} (rounded, at least 2 tokens, "
-        f"`data.max_length={tr['max_length']}`), and the team's edges are scaled by the same "
-        f"factor to `{tr['team_edges_scaled']}`, so each of their buckets holds the same "
-        f"samples; `pad_to_multiple_of` is 1 here, since rounding scaled lengths up to 8 "
-        f"would be like rounding full-scale lengths up to {8 / tr['scale']:.0f}.",
-        "",
-        f"{_n(tr['repeats'], 'round')}, the policy order rotated each round; figures are medians over "
-        f"rounds, and the ratio to sorted is taken within each round before the median. Real "
-        f"tokens/s = real tokens / wall time of the steps, from `train.metrics_file` "
-        f"(`train.log_every=1`), leaving out the first {tr['warmup_steps_excluded']} steps of "
-        f"each run (allocation, longest batch first). `data/wait_fraction` is the share of that "
-        f"time spent waiting for the data layer.{_load_note(tr, r['meta']['machine']['cores'])}",
-        "",
-        "Policy overrides (on top of the shared `--set` list below): "
-        + "; ".join(f"{p}: `{' '.join(o)}`" for p, o in tr["policy_overrides"].items()),
-        "",
-        "Shared overrides: `" + " ".join(tr["shared_overrides"]) + "`",
-        "",
-    ]
-    rows = []
-    for name, p in tr["policies"].items():
-        rows.append(
-            [
-                _name(name, p["num_buckets"]),
-                f"{p['num_buckets']}",
-                f"{p['steps']}",
-                f"{p['real_tokens_per_s'] / 1e3:.1f}",
-                f"**{p['vs_sorted']:.2f}**",
-                ", ".join(f"{x:.2f}" for x in p["vs_sorted_all"]),
-                f"{p['steps_per_s']:.2f}",
-                f"{p['wait_fraction']:.3f}",
-                f"{p['padding_efficiency']:.3f}",
-                f"{TEAM_MEASURED[name]:.3f}" if name in TEAM_MEASURED else "",
-            ]
-        )
-    out += _table(
-        [
-            "policy",
-            "K",
-            "steps",
-            "real Ktok/s",
-            "vs sorted",
-            "each round",
-            "steps/s",
-            "wait fraction",
-            "padding eff.",
-            "team measured",
-        ],
-        rows,
-    )
-    gpu = r.get("gpu", {})
-    if "skipped" in gpu:
-        f = gpu.get("metrics_file", "out/gpu_smoke/metrics.jsonl")
-        f = f if f.startswith("/") else f"$PWD/{f}"
-        g = (
-            f"not measured ({gpu['skipped']}); `scripts/gpu_smoke.sh --set "
-            f"train.metrics_file={f}` on a GPU machine fills this row on the next `make bench`"
-        )
-    else:
-        g = (
-            f"bucketed run from `{gpu['metrics_file']}`: {gpu['real_tokens_per_s'] / 1e3:.1f} "
-            f"real Ktok/s, {gpu['steps_per_s']:.2f} steps/s, wait fraction "
-            f"{gpu['wait_fraction']:.3f}, padding {gpu['padding_efficiency']:.3f} (no sorted "
-            "baseline on the GPU: ratio not measured)"
-        )
-    out += _table(["GPU row", "result"], [["bucketed on GPU (`scripts/gpu_smoke.sh`)", g]])
-    out += [
-        "**Why the CPU ratios track padding.** On CPU the step time of this model grows with the "
-        "padded tokens it processes and every policy runs about the same number of steps, so "
-        "real tokens/s relative to sorted is close to padding efficiency relative to sorted "
-        "(compare the two columns); the per-step fixed cost (optimizer, DDP all-reduce, "
-        "logging) pulls the ratios towards 1. On a GPU, short batches underuse the device and "
-        "attention is not linear in length, so the GPU row is kept separate.",
-        "",
-    ]
-    if "training" in plots:
-        out += [f"![training throughput]({_rel(plots['training'], doc)})", ""]
-    tb = tr.get("token_budget")
-    if tb:
-        rows = [
-            [
-                _name(n, p["num_buckets"]),
-                f"{p['steps']}",
-                f"{p['real_tokens_per_s'] / 1e3:.1f}",
-                f"{p['vs_sorted']:.2f}",
-                f"{p['padding_efficiency']:.3f}",
-            ]
-            for n, p in tb["policies"].items()
-        ]
-        out += [
-            f"Also under a token budget of {tb['batching']['token_budget']:,} padded tokens per "
-            f"step ({_n(tb['repeats'], 'round')}): the baselines must "
-            "size one batch for the longest sample, the buckets size theirs per bucket, so short "
-            "buckets get larger batches and fewer steps. The ratios then mix padding with "
-            "per-step overhead and are not a padding comparison.",
-            "",
-        ]
-        out += _table(["policy", "steps", "real Ktok/s", "vs sorted", "padding eff."], rows)
-    return out
-
-
-def _load_note(tr: dict, cores: int) -> str:
-    loads = [
-        v
-        for p in tr["policies"].values()
-        for pair in p.get("load1_all", [])
-        if pair
-        for v in pair
-        if v is not None
-    ]
-    if not loads:
-        return ""
-    return (
-        f" The 1-min load average around the runs ranged from {min(loads):.1f} to "
-        f"{max(loads):.1f} on these {cores} cores (other engineers' jobs): a round "
-        "whose ratios stand out was disturbed, which the median discards."
-    )
-
-
-def _section_quality(r: dict, doc: str, plots: dict) -> list[str]:
-    q = r["quality"]
-    out = [
-        "## 3. Training-signal quality (why sorted looked smooth)",
-        "",
-        "**Batch recomposition**: the share of epoch-1 micro-batches holding a pair of samples "
-        "that already shared a micro-batch in epoch 0 (`metrics.batch_recomposition`, on the "
-        "planner's own epochs 0 and 1, "
-        f"{q['samples']:,}-sample preset). A fresh shuffle re-pairs some samples by "
-        "chance: a batch of B holds B(B-1)/2 pairs, each of which met last epoch with "
-        "probability ~(B-1)/(n-1) in a pool of n, so the *chance floor* is "
-        "1 - exp(-B(B-1)/2 x (B-1)/(n-1)), computed for each plan's own batch and bucket sizes. "
-        "*Repeated pairs* is the pair-level share. Narrower buckets (larger K) mean smaller pools "
-        "and a higher floor: padding and recomposition trade against each other through K.",
-        "",
-    ]
-    for block in q["recomposition"].values():
-        rows = [
-            [
-                _name(x["name"], block["auto_k"]),
-                _f(x["mean_batch"], ".1f"),
-                _pct(x["recomposition"]),
-                _pct(x["chance_floor"]),
-                _pct(x["repeated_pairs"], 3),
-                _pct(x["switch_rate"]),
-                _pct(x["switch_rate_expected"]),
-            ]
-            for x in block["rows"]
-        ]
-        out += [f"At {block['label']}:", ""]
-        out += _table(
-            [
-                "policy",
-                "mean batch",
-                "recomposition",
-                "chance floor",
-                "repeated pairs",
-                "bucket switch rate",
-                "expected (independent draws)",
-            ],
-            rows,
-        )
-    out += [
-        "Megabatch's floor is not computed (its batches are length-sorted windows, not a shuffle "
-        "of a fixed pool). The switch rate is the share of consecutive steps from different "
-        "buckets in epoch 1; the expected value 1 - sum p_k^2 is what independent draws with "
-        "the same bucket frequencies give (`metrics.switch_rate`).",
-        "",
-    ]
-    if "recomposition" in plots:
-        out += [f"![recomposition]({_rel(plots['recomposition'], doc)})", ""]
-    tr = r.get("training", {})
-    if "readability" in tr:
-        rows = [
-            [
-                _name(n, tr["policies"][n]["num_buckets"]),
-                f"{x['steps']} (first {x['skipped']} left out)",
-                f"{x['diff_var_raw']:.5f}",
-                f"{x['diff_var_debiased']:.5f}",
-                f"{x['ratio']:.2f}",
-            ]
-            for n, x in tr["readability"].items()
-        ]
-        out += [
-            "**Loss-curve readability**: variance of the step-to-step change of `train/loss` and "
-            "of `train/loss_debiased` over the same steps of section 2's first-round run "
-            "(logged every step). A ratio below 1 means the debiased curve is smoother.",
-            "",
-        ]
-        out += _table(["run", "steps", "var Δ loss", "var Δ debiased", "debiased / raw"], rows)
-        noisier = [n for n, x in tr["readability"].items() if x["ratio"] > 1]
-        if noisier:
-            x = tr["readability"][noisier[0]]
-            out += [
-                f"Where the ratio is above 1 ({', '.join(_name(n) for n in noisier)}), the "
-                "debiased curve is *noisier* than the raw one. The synthetic tokens are equally "
-                "predictable at every length, so the buckets have almost no loss offset to "
-                "remove, and in a run this short (a bucket is visited about "
-                f"{x.get('visits_per_bucket', 0):.0f} times while the loss is still falling) "
-                "the offsets estimated from a few visits add their own noise. "
-                "`BucketLossTracker` shrinks each offset towards 0 by n / (n + "
-                f"{x.get('tracker_prior_visits', 8):g}) visits for this reason; on data whose "
-                "buckets do differ in loss (tests/unit/test_metrics.py: offsets spanning 1.3 "
-                "nats) the debiased curve's step-to-step variance is 30x below the raw one.",
-                "",
-            ]
-        if "loss" in plots:
-            out += [f"![loss curves]({_rel(plots['loss'], doc)})", ""]
-    out += _realtext_section(tr, doc, plots)
-    return out
-
-
-def _realtext_section(tr: dict, doc: str, plots: dict) -> list[str]:
-    rt = tr.get("realtext")
-    if not rt:
-        return []
-    x = rt["readability"]
-    out = [
-        f"**Real text** (`pipeline.bench.realtext`): the same model on the Python "
-        f"{rt['corpus']['python']} standard library split into functions "
-        f"({rt['corpus']['samples']:,} samples, byte tokens, max length {rt['max_length']}, "
-        f"token budget {rt['token_budget']:,}), {rt['num_buckets']} optimal buckets, "
-        f"{rt['steps']} steps logged every step.",
-        "",
-    ]
-    out += _table(
-        ["run", "steps", "var Δ loss", "var Δ debiased", "debiased / raw"],
-        [
-            [
-                f"real text ({rt['num_buckets']} buckets)",
-                f"{x['steps']} (first {x['skipped']} left out)",
-                f"{x['diff_var_raw']:.5f}",
-                f"{x['diff_var_debiased']:.5f}",
-                f"{x['ratio']:.2f}",
-            ]
-        ],
-    )
-    if "realtext_bucket_loss" in plots:
-        out += [
-            "Each bucket's points are its own step losses, drawn only at the steps that trained "
-            "it: the jumpy raw curve (grey) decomposes into per-bucket curves.",
-            "",
-            f"![per-bucket loss on real text]({_rel(plots['realtext_bucket_loss'], doc)})",
             "",
         ]
     return out

@@ -61,7 +61,12 @@ def scaled_edges(max_length: int, edges=TEAM_EDGES) -> list[int]:
 
 
 def write_scaled_corpus(
-    out_dir: str | Path, *, num_samples: int, max_length: int, vocab_size: int, seed: int = 0
+    out_dir: str | Path,
+    *,
+    num_samples: int,
+    max_length: int,
+    vocab_size: int,
+    seed: int = 0,
 ) -> Path:
     """A 2-shard parquet corpus (sample_id, input_ids) of `scaled_lengths`; idempotent."""
     out = Path(out_dir)
@@ -143,6 +148,75 @@ def _read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def _shared_overrides(work: Path, corpus, max_length: int, batching: dict) -> list[str]:
+    """The `--set` overrides every policy's run shares."""
+    return [
+        f"data.path={corpus}",
+        f"data.cache_dir={work / 'index'}",
+        f"data.max_length={max_length}",
+        "data.over_length=error",
+        # Rounding 1/16-scale lengths up to 8 would be like rounding full-scale ones up to 128.
+        "batching.pad_to_multiple_of=1",
+        *(f"batching.{k}={v}" for k, v in batching.items()),
+        "train.epochs=1",
+        "train.max_steps=null",
+        "train.log_every=1",
+        "wandb.mode=disabled",
+        f"checkpoint.storage_path={work / 'runs'}",
+        "checkpoint.every_steps=null",
+        "checkpoint.keep_last=1",
+    ]
+
+
+def _train_once(
+    run,
+    config: str,
+    shared: list[str],
+    policy: str,
+    max_length: int,
+    r: int,
+    work: Path,
+    lengths,
+    edges: dict[str, list[int]],
+    log,
+) -> dict:
+    """One policy's run in round `r`: its run summary plus round, wall time and load; records
+    the policy's resolved edges in `edges` on its first run."""
+    name = f"bench-{policy.replace(':', '-')}-{r}-{uuid.uuid4().hex[:6]}"
+    mfile = work / "metrics" / f"{name}.jsonl"
+    cfg = load_config(
+        config,
+        [
+            *shared,
+            *policy_overrides(policy, max_length),
+            f"train.metrics_file={mfile}",
+            f"checkpoint.run_name={name}",
+        ],
+    )
+    if policy not in edges:
+        edges[policy] = resolve_edges(cfg, lengths)
+    load = _load1()
+    t = time.perf_counter()
+    with warnings.catch_warnings():
+        # The shared config sets knobs some policies do not use; that is intended here.
+        warnings.filterwarnings("ignore", message=".* has no effect")
+        summary = run(cfg)
+    wall = time.perf_counter() - t
+    s = run_summary(_read_jsonl(mfile))
+    s |= {
+        "round": r,
+        "wall_s": wall,
+        "samples": summary.samples,
+        "tokens": summary.tokens,
+    }
+    s["load1"] = [load, _load1()]  # 1-min load average before and after the run
+    log(
+        f"train {policy:<13} round {r}: {s['real_tokens_per_s'] / 1e3:7.1f} Ktok/s, "
+        f"{s['steps']} steps, padding {s['padding_efficiency']:.3f}, wall {wall:.0f}s"
+    )
+    return s
+
+
 def measure_training(
     work_dir: str | Path,
     *,
@@ -170,22 +244,7 @@ def measure_training(
         max_length=max_length,
         vocab_size=base.model.vocab_size,
     )
-    shared = [
-        f"data.path={corpus}",
-        f"data.cache_dir={work / 'index'}",
-        f"data.max_length={max_length}",
-        "data.over_length=error",
-        # Rounding 1/16-scale lengths up to 8 would be like rounding full-scale ones up to 128.
-        "batching.pad_to_multiple_of=1",
-        *(f"batching.{k}={v}" for k, v in batching.items()),
-        "train.epochs=1",
-        "train.max_steps=null",
-        "train.log_every=1",
-        "wandb.mode=disabled",
-        f"checkpoint.storage_path={work / 'runs'}",
-        "checkpoint.every_steps=null",
-        "checkpoint.keep_last=1",
-    ]
+    shared = _shared_overrides(work, corpus, max_length, batching)
     lengths = scaled_lengths(num_samples, max_length)
     if not ray.is_initialized():
         # A private cluster: never attach to a cluster someone else started on this machine.
@@ -197,34 +256,8 @@ def measure_training(
     for r in range(repeats):
         order = list(policies[r % len(policies) :]) + list(policies[: r % len(policies)])
         for policy in order:
-            name = f"bench-{policy.replace(':', '-')}-{r}-{uuid.uuid4().hex[:6]}"
-            mfile = work / "metrics" / f"{name}.jsonl"
-            cfg = load_config(
-                config,
-                [
-                    *shared,
-                    *policy_overrides(policy, max_length),
-                    f"train.metrics_file={mfile}",
-                    f"checkpoint.run_name={name}",
-                ],
-            )
-            if policy not in edges:
-                edges[policy] = resolve_edges(cfg, lengths)
-            load = _load1()
-            t = time.perf_counter()
-            with warnings.catch_warnings():
-                # The shared config sets knobs some policies do not use; that is intended here.
-                warnings.filterwarnings("ignore", message=".* has no effect")
-                summary = run(cfg)
-            wall = time.perf_counter() - t
-            s = run_summary(_read_jsonl(mfile))
-            s |= {"round": r, "wall_s": wall, "samples": summary.samples, "tokens": summary.tokens}
-            s["load1"] = [load, _load1()]  # 1-min load average before and after the run
+            s = _train_once(run, config, shared, policy, max_length, r, work, lengths, edges, log)
             runs[policy].append(s)
-            log(
-                f"train {policy:<13} round {r}: {s['real_tokens_per_s'] / 1e3:7.1f} Ktok/s, "
-                f"{s['steps']} steps, padding {s['padding_efficiency']:.3f}, wall {wall:.0f}s"
-            )
     return {
         "num_samples": num_samples,
         "max_length": max_length,

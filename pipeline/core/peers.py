@@ -28,8 +28,8 @@ from pipeline.core.batching import greedy_sizes
 __all__ = ["hf_length_grouped", "equal_mass_boundaries", "lhotse_style", "HF_MEGABATCH_MULT"]
 
 HF_MEGABATCH_MULT = 50  # transformers' cap on megabatch_mult
-# RNG stream tags; the HF one equals pipeline.core.report's megabatch stream, so one rank draws
-# the very permutation `report.megabatch_order` does.
+# RNG stream tags; the HF one equals pipeline.core.policies' megabatch stream, so one rank draws
+# the very permutation `policies.megabatch_order` does.
 _HF_STREAM, _LHOTSE_STREAM = 0x4D454741, 0x4C48544F
 
 

@@ -81,7 +81,13 @@ def steps_per_epoch(
     if batching.mode == "token_budget" and batching.fill == "greedy":
         plan = PlanConfig(seed=seed)
         return epoch_plan(
-            lengths, edges, seed=seed, epoch=epoch, world_size=1, batching=batching, plan=plan
+            lengths,
+            edges,
+            seed=seed,
+            epoch=epoch,
+            world_size=1,
+            batching=batching,
+            plan=plan,
         ).num_steps
     counts = _bucket_counts(assign(lengths, edges), len(edges) - 1)
     return int(
@@ -318,6 +324,65 @@ def _cap_runs(seq: np.ndarray, max_run: int) -> np.ndarray:
     return seq
 
 
+def _bucket_order(
+    lengths: np.ndarray,
+    ids: np.ndarray,
+    bucket: np.ndarray,
+    K: int,
+    plan: PlanConfig,
+    seed: int,
+    epoch: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Positions grouped by bucket, each bucket's members shuffled by (seed, epoch, bucket) --
+    or, for the sorted baseline, in length order -- and the count of each bucket."""
+    # Members of each bucket in sample-id order (canonical, independent of input order).
+    order = np.lexsort((ids, bucket))
+    counts = _bucket_counts(bucket, K)
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    if plan.policy == "sorted":
+        # Static baseline: length order (ties by id), the same batches every epoch.
+        order = length_order(lengths, ids)
+    else:
+        for k in range(K):
+            if counts[k] > 1:
+                perm = np.random.default_rng((seed, epoch, k)).permutation(int(counts[k]))
+                order[starts[k] : starts[k + 1]] = order[starts[k] : starts[k + 1]][perm]
+    return order, counts
+
+
+def _step_order(
+    nb: np.ndarray, plan: PlanConfig, seed: int, epoch: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each step's bucket (an epoch-seeded interleaving of all global batches, runs capped at
+    `plan.max_run`) and its global batch's index among all buckets' batches."""
+    seq = _interleave(nb, np.random.default_rng((seed, epoch, INTERLEAVE_STREAM)))
+    if plan.max_run is not None and seq.size:
+        seq = _cap_runs(seq, plan.max_run)
+    # Batch j of bucket k is the j-th time k appears in seq.
+    occ = np.zeros(seq.size, dtype=np.int64)
+    if seq.size:
+        by_bucket = np.argsort(seq, kind="stable")
+        occ[by_bucket] = np.arange(seq.size) - np.repeat(np.cumsum(nb) - nb, nb)
+    return seq, (np.cumsum(nb) - nb)[seq] + occ
+
+
+def _longest_first(
+    ordered_lengths: np.ndarray,
+    seq: np.ndarray,
+    batch_start: np.ndarray,
+    batch_size: np.ndarray,
+) -> None:
+    """Swap the step with the longest sample (ties: the most padded slots) to step 0, in place."""
+    maxlen = np.maximum.reduceat(
+        ordered_lengths[_ranges(batch_start, batch_size)],
+        np.concatenate([[0], np.cumsum(batch_size)[:-1]]),
+    )
+    padded = batch_size * maxlen
+    first = int(np.lexsort((padded, maxlen))[-1])
+    for a in (seq, batch_start, batch_size):
+        a[[0, first]] = a[[first, 0]]
+
+
 def epoch_plan(
     lengths: np.ndarray,
     edges,
@@ -345,46 +410,17 @@ def epoch_plan(
     if plan.policy != "bucketed":
         edges = edges[[0, -1]]  # the baselines batch across all lengths
     K = edges.size - 1
-    bucket = assign(lengths, edges)
-
-    # Members of each bucket in sample-id order (canonical, independent of input order).
-    order = np.lexsort((ids, bucket))
-    counts = _bucket_counts(bucket, K)
-    starts = np.concatenate([[0], np.cumsum(counts)])
-    if plan.policy == "sorted":
-        # Static baseline: length order (ties by id), the same batches every epoch.
-        order = length_order(lengths, ids)
-    else:
-        for k in range(K):
-            if counts[k] > 1:
-                perm = np.random.default_rng((seed, epoch, k)).permutation(int(counts[k]))
-                order[starts[k] : starts[k + 1]] = order[starts[k] : starts[k + 1]][perm]
+    order, counts = _bucket_order(lengths, ids, assign(lengths, edges), K, plan, seed, epoch)
 
     g = global_batch_sizes(edges, batching)
     cut = cut_global_batches(lengths[order], counts, edges, batching, g)
     nb, num_dropped = cut.per_bucket, cut.dropped
 
-    # Step order: an epoch-seeded interleaving of all global batches.
-    seq = _interleave(nb, np.random.default_rng((seed, epoch, INTERLEAVE_STREAM)))
-    if plan.max_run is not None and seq.size:
-        seq = _cap_runs(seq, plan.max_run)
-    # Batch j of bucket k is the j-th time k appears in seq.
-    occ = np.zeros(seq.size, dtype=np.int64)
-    if seq.size:
-        by_bucket = np.argsort(seq, kind="stable")
-        occ[by_bucket] = np.arange(seq.size) - np.repeat(np.cumsum(nb) - nb, nb)
-    batch = (np.cumsum(nb) - nb)[seq] + occ
+    seq, batch = _step_order(nb, plan, seed, epoch)
     batch_start, batch_size = cut.start[batch], cut.size[batch]
 
     if plan.longest_first and seq.size:
-        maxlen = np.maximum.reduceat(
-            lengths[order][_ranges(batch_start, batch_size)],
-            np.concatenate([[0], np.cumsum(batch_size)[:-1]]),
-        )
-        padded = batch_size * maxlen
-        first = int(np.lexsort((padded, maxlen))[-1])
-        for a in (seq, batch_start, batch_size):
-            a[[0, first]] = a[[first, 0]]
+        _longest_first(lengths[order], seq, batch_start, batch_size)
 
     flat = order[_ranges(batch_start, batch_size)]
     step_offsets = np.concatenate([[0], np.cumsum(batch_size)]).astype(np.int64)

@@ -202,6 +202,51 @@ def text_corpus_is_current(
     return {k: found.get(k) for k in want} == want
 
 
+def _clear_output(out: Path, marker: Path) -> None:
+    """Make `out` ready for a rewrite: refuse a directory bucketray did not write, then remove
+    the marker first (an interrupted rewrite must not look complete) and the old shards."""
+    out.mkdir(parents=True, exist_ok=True)
+    existing = [p for p in out.iterdir() if not p.name.startswith((".", "_"))]
+    if existing and not marker.exists():
+        raise FileExistsError(
+            f"{out} already holds files not written by bucketray ({existing[0].name}, ...): "
+            "choose an empty output directory"
+        )
+    marker.unlink(missing_ok=True)  # an interrupted rewrite must not look complete
+    for p in out.glob("shard-*.parquet"):
+        p.unlink()
+
+
+def _write_shards(
+    out: Path, ids: np.ndarray, values: np.ndarray, offsets: np.ndarray, shards: int
+) -> None:
+    """`shards` contiguous Parquet shards of (sample_id, input_ids)."""
+    n = ids.size
+    bounds = np.linspace(0, n, shards + 1).round().astype(np.int64)
+    for s in range(shards):
+        lo, hi = int(bounds[s]), int(bounds[s + 1])
+        table = token_table(ids[lo:hi], values, offsets[lo : hi + 1])
+        pq.write_table(table, out / f"shard-{s:05d}.parquet", row_group_size=ROW_GROUP_ROWS)
+
+
+def _write_manifest(
+    out: Path, snippets: list[Snippet], ids: np.ndarray, lengths: np.ndarray
+) -> None:
+    """The manifest: where each sample comes from (file, lines, kind, name) and its length."""
+    manifest = pa.table(
+        {
+            "sample_id": pa.array(ids),
+            "file": pa.array([s.file for s in snippets]),
+            "start_line": pa.array([s.start for s in snippets], pa.int32()),
+            "end_line": pa.array([s.end for s in snippets], pa.int32()),
+            "kind": pa.array([s.kind for s in snippets]),
+            "name": pa.array([s.name for s in snippets]),
+            "num_tokens": pa.array(lengths, pa.int32()),
+        }
+    )
+    pq.write_table(manifest, out / MANIFEST)
+
+
 def write_text_corpus(
     out_dir: str | Path,
     *,
@@ -230,17 +275,8 @@ def write_text_corpus(
     ):
         summary = json.loads((out / TEXT_MARKER).read_text())
         return {**summary, "skipped": True, "out_dir": str(out)}
-    out.mkdir(parents=True, exist_ok=True)
     marker = out / TEXT_MARKER
-    existing = [p for p in out.iterdir() if not p.name.startswith((".", "_"))]
-    if existing and not marker.exists():
-        raise FileExistsError(
-            f"{out} already holds files not written by bucketray ({existing[0].name}, ...): "
-            "choose an empty output directory"
-        )
-    marker.unlink(missing_ok=True)  # an interrupted rewrite must not look complete
-    for p in out.glob("shard-*.parquet"):
-        p.unlink()
+    _clear_output(out, marker)
 
     t0 = time.perf_counter()
     snippets, texts, skipped = _collect(src)
@@ -255,24 +291,9 @@ def write_text_corpus(
         (values, offsets), vocab = byte_tokens(texts), BYTE_VOCAB
     n = len(snippets)
     shards = min(shards, n)
-    bounds = np.linspace(0, n, shards + 1).round().astype(np.int64)
-    for s in range(shards):
-        lo, hi = int(bounds[s]), int(bounds[s + 1])
-        table = token_table(ids[lo:hi], values, offsets[lo : hi + 1])
-        pq.write_table(table, out / f"shard-{s:05d}.parquet", row_group_size=ROW_GROUP_ROWS)
+    _write_shards(out, ids, values, offsets, shards)
     lengths = np.diff(offsets)
-    manifest = pa.table(
-        {
-            "sample_id": pa.array(ids),
-            "file": pa.array([s.file for s in snippets]),
-            "start_line": pa.array([s.start for s in snippets], pa.int32()),
-            "end_line": pa.array([s.end for s in snippets], pa.int32()),
-            "kind": pa.array([s.kind for s in snippets]),
-            "name": pa.array([s.name for s in snippets]),
-            "num_tokens": pa.array(lengths, pa.int32()),
-        }
-    )
-    pq.write_table(manifest, out / MANIFEST)
+    _write_manifest(out, snippets, ids, lengths)
     summary = {
         **params,
         "samples": n,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.bench import render
+from pipeline.bench import render, render_quality
 from pipeline.bench.quality import loss_readability
 from pipeline.bench.realtext import bucket_curves, plot_bucket_curves
 
@@ -54,6 +54,6 @@ def test_the_headline_states_the_real_and_the_synthetic_ratio():
     line = " ".join(render._realtext_verdict(results))
     assert f"{r['readability']['ratio']:.2f} on the Python 3.11.7" in line
     assert "**met**" in line and "1.70 on the synthetic corpus" in line
-    body = "\n".join(render._realtext_section(results["training"], "B.md", {}))
+    body = "\n".join(render_quality._realtext_section(results["training"], "B.md", {}))
     assert "18,237 samples" in body and f"{r['readability']['ratio']:.2f} |" in body
     assert render._realtext_verdict({"training": {}}) == []

@@ -1,0 +1,56 @@
+"""Shared pieces of the BENCHMARKS.md renderers: goals, policy names and Markdown helpers."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# The bucketed policy's throughput goal, and the recomposition target.
+GOAL_VS_SORTED = 0.93
+RECOMPOSITION_TARGET = 0.01
+# Real text: the bucket-debiased loss should vary at most half as much step to step as the raw.
+READABILITY_GOAL = 0.5
+_NAMES = {
+    "sorted": "sorted-static",
+    "random": "random",
+    "megabatch": "megabatch (HF `group_by_length`)",
+    "edges:team": "team's six edges",
+}
+
+
+def _pct(x: float | None, digits: int = 1) -> str:
+    return "n/a" if x is None else f"{100 * x:.{digits}f}%"
+
+
+def _f(x: float | None, fmt: str = ".3f") -> str:
+    return "n/a" if x is None else format(x, fmt)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return out + [""]
+
+
+def _name(name: str, auto_k: int | None = None) -> str:
+    if name == "optimal:auto":
+        return f"optimal edges, auto (K={auto_k})" if auto_k else "optimal edges, auto"
+    if name.startswith("optimal:"):
+        return f"optimal edges, K={name.split(':')[1]}"
+    return _NAMES.get(name, name)
+
+
+def _n(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' if n != 1 else ''}"
+
+
+def _k(n: int) -> str:
+    return f"{n / 1000:.0f}K" if n >= 10_000 else f"{n:,}"
+
+
+def _rel(path: str, doc: str) -> str:
+    return os.path.relpath(path, Path(doc).parent or ".")
+
+
+def _by_name(rows: list[dict]) -> dict:
+    return {x["name"]: x for x in rows}
