@@ -176,6 +176,7 @@ def test_submitted_job_sees_repo_and_arguments_and_succeeds(ray_head):
     print(f"submit.sh round trip: {elapsed:.1f}s")
 
 
+@pytest.mark.slow  # a whole training job (1-2 min): make test-all; make test submits the other two
 @pytest.mark.skipif(
     not (ROOT / "jobs" / "train.py").exists() or not (ROOT / "configs" / "local.yaml").exists(),
     reason="jobs/train.py and configs/local.yaml not in the tree yet",
