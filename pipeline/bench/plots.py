@@ -8,7 +8,7 @@ import numpy as np
 
 __all__ = ["TEAM_MEASURED", "TEAM_KTOK_S", "plot_all"]
 
-# The team's measured ratios to sorted-static (DESIGN.md): real tokens/s on their 902K run.
+# The team's measured ratios to sorted-static: real tokens/s on their own 902K run.
 TEAM_MEASURED = {"random": 0.375, "edges:team": 0.78}
 TEAM_KTOK_S = {"sorted": 32.0, "random": 12.0, "edges:team": 25.1}
 

@@ -367,7 +367,7 @@ def render_markdown(
         "micro-batch 32 (sections 1 and 3). "
         "Training: the tiny model on 2 CPU workers at reduced scale (section 2); its optimal "
         "edges come from `auto` on that smaller corpus, hence a different K. Team measured: "
-        "DESIGN.md ("
+        "the team's own run ("
         + ", ".join(f"{_name(k)} {v:g} Ktok/s" for k, v in TEAM_KTOK_S.items())
         + " on their 902,087-sample run).",
         "",

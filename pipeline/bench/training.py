@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 POLICIES = ("sorted", "random", "edges:team", "optimal:auto")
-# The team's table is fixed-size batches (DESIGN.md): at B=32 every policy runs the same number
+# The team's table is fixed-size batches (their own measurements): at B=32 every policy runs the same number
 # of steps with the same worst-case step (32 x max_length), so per-step overhead is shared and
 # the ratios compare padding; `measure_training(batching=...)` also takes a token budget.
 DEFAULT_BATCHING = {"mode": "fixed", "batch_size": 32}
