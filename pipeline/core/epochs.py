@@ -16,8 +16,7 @@ import numpy as np
 
 from pipeline.core.buckets import optimize, optimize_all, validate_edges
 from pipeline.core.config import Batching, PlanConfig, RunConfig
-from pipeline.core.frontier import plan_point
-from pipeline.core.metrics import padding_efficiency
+from pipeline.core.frontier import epoch0_efficiency, plan_point
 from pipeline.core.plan import EpochPlan, epoch_plan
 
 __all__ = ["resolve_edges", "auto_edges", "simulated_efficiency", "epoch_plan_for"]
@@ -27,18 +26,7 @@ def simulated_efficiency(
     lengths: np.ndarray, edges, batching: Batching, plan_cfg: PlanConfig, world_size: int
 ) -> float:
     """Real / padded tokens of epoch 0 planned with `edges`, batch-max padding per micro-batch."""
-    plan = epoch_plan(
-        lengths,
-        edges,
-        seed=plan_cfg.seed,
-        epoch=0,
-        world_size=world_size,
-        batching=batching,
-        plan=plan_cfg,
-    )
-    lens, offsets = plan.micro_batch_lengths()
-    cap = np.asarray(edges)[1:][plan.micro_batch_buckets()]
-    return padding_efficiency(lens, offsets, multiple=batching.pad_to_multiple_of, cap=cap)
+    return epoch0_efficiency(lengths, edges, batching, plan_cfg, world_size)[1]
 
 
 def auto_edges(

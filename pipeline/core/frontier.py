@@ -52,10 +52,11 @@ def recomposition_floor(plan: EpochPlan) -> float:
     return float(np.mean(1 - np.exp(-pairs * p_pair)[nonempty]))
 
 
-def plan_point(
+def epoch0_efficiency(
     lengths: np.ndarray, edges, batching: Batching, plan_cfg: PlanConfig, world_size: int
-) -> FrontierPoint:
-    """Efficiency, steps and recomposition floor of epoch 0 planned with `edges`."""
+) -> tuple[EpochPlan, float]:
+    """The epoch-0 plan with `edges`, and its real / padded tokens with batch-max padding per
+    micro-batch (never beyond the bucket's upper edge)."""
     plan = epoch_plan(
         lengths,
         edges,
@@ -67,7 +68,14 @@ def plan_point(
     )
     lens, offsets = plan.micro_batch_lengths()
     cap = np.asarray(edges)[1:][plan.micro_batch_buckets()]
-    eff = padding_efficiency(lens, offsets, multiple=batching.pad_to_multiple_of, cap=cap)
+    return plan, padding_efficiency(lens, offsets, multiple=batching.pad_to_multiple_of, cap=cap)
+
+
+def plan_point(
+    lengths: np.ndarray, edges, batching: Batching, plan_cfg: PlanConfig, world_size: int
+) -> FrontierPoint:
+    """Efficiency, steps and recomposition floor of epoch 0 planned with `edges`."""
+    plan, eff = epoch0_efficiency(lengths, edges, batching, plan_cfg, world_size)
     edges = [int(e) for e in edges]
     return FrontierPoint(len(edges) - 1, eff, plan.num_steps, recomposition_floor(plan), edges)
 
