@@ -1,4 +1,4 @@
-"""Argument types shared by the job CLIs: a bad count is refused by argparse, naming the flag."""
+"""Arguments shared by the job CLIs: counts refused by argparse naming the flag, and `--set`."""
 
 from __future__ import annotations
 
@@ -19,3 +19,10 @@ def count(minimum: int):
 
     parse.__name__ = f"integer >= {minimum}"
     return parse
+
+
+def add_overrides(ap: argparse.ArgumentParser, help: str = "override a config field (repeatable)"):
+    """`--set KEY=VALUE`, repeatable, collected in `args.overrides` (typed by the config)."""
+    ap.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=help
+    )

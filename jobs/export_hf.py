@@ -13,6 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from jobs._cli import add_overrides
 from pipeline.core.config import ConfigError, load_config
 
 
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m jobs.export_hf", description=__doc__.split("\n")[0]
     )
     ap.add_argument("--config", required=True, help="the run's YAML config")
-    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    add_overrides(ap)
     ap.add_argument("--checkpoint", help="checkpoint directory (default: the run's latest)")
     ap.add_argument("--tokenizer", help="tokenizer.json to save beside the model")
     ap.add_argument("--out", required=True, help="output directory")

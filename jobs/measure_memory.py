@@ -16,6 +16,8 @@ import tempfile
 import threading
 import time
 
+from jobs._cli import add_overrides
+
 PRESET = [
     "data.synthetic.num_samples=100000",
     "data.synthetic.out_dir=data/synthetic-100k",
@@ -61,14 +63,7 @@ def _watch(peaks: dict, stop: threading.Event) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m jobs.measure_memory", description=__doc__)
     ap.add_argument("--config", default="configs/local.yaml", help="YAML run config")
-    ap.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config field (repeatable), on top of the 100K-sample preset",
-    )
+    add_overrides(ap, "override a config field (repeatable), on top of the 100K-sample preset")
     args = ap.parse_args(argv)
     os.environ.setdefault("WANDB_MODE", "disabled")
 

@@ -14,6 +14,7 @@ import os
 import sys
 import traceback
 
+from jobs._cli import add_overrides
 from pipeline.core.config import ConfigError, load_config
 
 DEBUG_ENV = "BUCKETRAY_DEBUG"
@@ -29,14 +30,7 @@ def _one_line(e: BaseException) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m jobs.train", description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="configs/local.yaml", help="YAML run config")
-    ap.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config field, e.g. --set train.max_steps=50 (repeatable)",
-    )
+    add_overrides(ap, "override a config field, e.g. --set train.max_steps=50 (repeatable)")
     ap.add_argument(
         "--address",
         default=None,
