@@ -29,6 +29,21 @@ MARKER = "_bucketray_synthetic.json"
 ROW_GROUP_ROWS = 16_384
 
 
+def clear_output(out: Path, marker: Path, *, writer: str, choose: str) -> None:
+    """Make `out` ready for a (re)write: refuse a directory `writer` did not write (no marker),
+    then remove the marker first (an interrupted rewrite must not look complete) and the shards."""
+    out.mkdir(parents=True, exist_ok=True)
+    existing = [p for p in out.iterdir() if not p.name.startswith((".", "_"))]
+    if existing and not marker.exists():
+        raise FileExistsError(
+            f"{out} already holds files not written by {writer} ({existing[0].name}, ...): "
+            f"choose {choose}"
+        )
+    marker.unlink(missing_ok=True)
+    for p in out.glob("shard-*.parquet"):
+        p.unlink()
+
+
 def token_table(sample_ids: np.ndarray, values: np.ndarray, offsets: np.ndarray) -> pa.Table:
     """The shard layout every bucketray writer produces: `sample_id` int64 and `input_ids` as a
     list of the token values (rows `offsets[i]:offsets[i+1]` of `values`; a shard past 2**31
@@ -91,17 +106,8 @@ def write_corpus(
     params = _params(preset, n, shards, vocab_size, seed)
     if corpus_is_current(out, **{k: v for k, v in params.items() if k != "version"}):
         return {"samples": n, "files": shards, "skipped": True, "out_dir": str(out)}
-    out.mkdir(parents=True, exist_ok=True)
     marker = out / MARKER
-    existing = [p for p in out.iterdir() if not p.name.startswith((".", "_"))]
-    if existing and not marker.exists():
-        raise FileExistsError(
-            f"{out} already holds files not written by make_data ({existing[0].name}, ...): "
-            "choose an empty --out directory"
-        )
-    marker.unlink(missing_ok=True)  # an interrupted rewrite must not look complete
-    for p in out.glob("shard-*.parquet"):
-        p.unlink()
+    clear_output(out, marker, writer="make_data", choose="an empty --out directory")
 
     t0 = time.perf_counter()
     lengths = seed902k_lengths(n, seed=seed)

@@ -38,7 +38,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.core.corpus import ROW_GROUP_ROWS, token_table
+from pipeline.core.corpus import ROW_GROUP_ROWS, clear_output, token_table
 
 __all__ = [
     "BYTE_VOCAB",
@@ -202,21 +202,6 @@ def text_corpus_is_current(
     return {k: found.get(k) for k in want} == want
 
 
-def _clear_output(out: Path, marker: Path) -> None:
-    """Make `out` ready for a rewrite: refuse a directory bucketray did not write, then remove
-    the marker first (an interrupted rewrite must not look complete) and the old shards."""
-    out.mkdir(parents=True, exist_ok=True)
-    existing = [p for p in out.iterdir() if not p.name.startswith((".", "_"))]
-    if existing and not marker.exists():
-        raise FileExistsError(
-            f"{out} already holds files not written by bucketray ({existing[0].name}, ...): "
-            "choose an empty output directory"
-        )
-    marker.unlink(missing_ok=True)  # an interrupted rewrite must not look complete
-    for p in out.glob("shard-*.parquet"):
-        p.unlink()
-
-
 def _write_shards(
     out: Path, ids: np.ndarray, values: np.ndarray, offsets: np.ndarray, shards: int
 ) -> None:
@@ -276,7 +261,7 @@ def write_text_corpus(
         summary = json.loads((out / TEXT_MARKER).read_text())
         return {**summary, "skipped": True, "out_dir": str(out)}
     marker = out / TEXT_MARKER
-    _clear_output(out, marker)
+    clear_output(out, marker, writer="bucketray", choose="an empty output directory")
 
     t0 = time.perf_counter()
     snippets, texts, skipped = _collect(src)
