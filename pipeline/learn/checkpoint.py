@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from pipeline.core.config import RunConfig
+from pipeline.core.manifest import describe_changes
 from pipeline.learn.loss import assert_finite_weights
 
 __all__ = [
@@ -67,6 +68,9 @@ class DataPosition:
     world_size: int
     global_batch: dict  # global_batch_definition(): what makes the global batches what they are
     steps_done: int  # global steps trained in the whole run
+    # Per shard (relative to the data path): digest of its samples' ids and lengths
+    # (pipeline.core.manifest), so a refused resume names the shards that changed.
+    data_files: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {"version": POSITION_VERSION, **asdict(self)}
@@ -222,10 +226,12 @@ def check_resume(
     plan_hash: str,
     world_size: int,
     on_world_size_change: str,
+    data_files: dict | None = None,
 ) -> None:
     """Refuse a resume that would silently change the sample order (contracts 7 and 8).
 
-    `plan_hash` is this run's plan hash for `position.epoch`.
+    `plan_hash` is this run's plan hash for `position.epoch`; `data_files` this run's per-shard
+    digests, compared with the checkpoint's to name the shards that changed.
     """
     if position.global_batch != global_batch:
         changed = sorted(
@@ -241,10 +247,15 @@ def check_resume(
             "restore those settings, or start a new run with another checkpoint.run_name"
         )
     if position.plan_hash != plan_hash:
+        where = ""
+        if data_files is not None and position.data_files:
+            diff = describe_changes(position.data_files, data_files)
+            where = f" ({diff})" if diff else " (yet every shard's ids and lengths match it)"
         raise ResumeError(
             f"cannot resume: epoch {position.epoch}'s plan hash is {plan_hash}, the checkpoint's is "
-            f"{position.plan_hash}: the data (sample ids or lengths) changed since it was written; "
-            "resume on the original data, or start a new run with another checkpoint.run_name"
+            f"{position.plan_hash}: the data (sample ids or lengths) changed since it was written"
+            f"{where}; resume on the original data, or start a new run with another "
+            "checkpoint.run_name"
         )
     if position.world_size != world_size and on_world_size_change == "refuse":
         raise ResumeError(

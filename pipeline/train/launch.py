@@ -41,7 +41,12 @@ from pipeline.train.preflight import (
     preflight,
     resolve_address,
 )
-from pipeline.train.resume_check import check_resume_on_driver, truncation_metrics, truncation_note
+from pipeline.train.resume_check import (
+    check_resume_on_driver,
+    data_file_digests,
+    truncation_metrics,
+    truncation_note,
+)
 from pipeline.train.runlock import RunLease
 from pipeline.train.stop import create_stop_flag, request_stop, stop_flag_name
 
@@ -248,7 +253,8 @@ def run(cfg: RunConfig, *, address: str | None = None) -> TrainSummary:
     epochs, steps = _plan_epochs(cfg, index, edges)
     length = run_length(steps, cfg.train)
     total = length.global_steps
-    check_resume_on_driver(cfg, fs, rdir, edges, epochs)
+    files = data_file_digests(index)
+    check_resume_on_driver(cfg, fs, rdir, edges, epochs, files)
     note = truncation_note(index)
     if note:
         print(f"[bucketray] {note}", flush=True)
@@ -264,7 +270,7 @@ def run(cfg: RunConfig, *, address: str | None = None) -> TrainSummary:
         feeder_name = f"bucketray-feeder-{cfg.checkpoint.run_name}-{uuid.uuid4().hex[:8]}"
         feeder = start_feeder(cfg, index, edges, name=feeder_name, path=path)
         try:
-            result = _fit(cfg, _loop_inputs(cfg, feeder_name, edges, steps, epochs), flag)
+            result = _fit(cfg, _loop_inputs(cfg, feeder_name, edges, steps, epochs, files), flag)
         finally:
             ray.kill(feeder)
             ray.kill(flag)
@@ -282,7 +288,12 @@ def run(cfg: RunConfig, *, address: str | None = None) -> TrainSummary:
 
 
 def _loop_inputs(
-    cfg: RunConfig, feeder: str, edges: list[int], steps: list[int], epochs: list[dict]
+    cfg: RunConfig,
+    feeder: str,
+    edges: list[int],
+    steps: list[int],
+    epochs: list[dict],
+    data_files: dict,
 ):
     wandb_dir = cfg.wandb.dir or (run_dir(cfg) if "://" not in run_dir(cfg) else "wandb")
     return LoopInputs(
@@ -292,6 +303,7 @@ def _loop_inputs(
         steps_per_epoch=steps,
         epochs=epochs,
         wandb_dir=str(Path(wandb_dir).absolute()) if "://" not in wandb_dir else "wandb",
+        data_files=data_files,
     )
 
 

@@ -6,7 +6,7 @@ The training itself (resume, step, logging, checkpoints, exact resume: contract 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pipeline.core.config import RunConfig
 from pipeline.learn.checkpoint import load_checkpoint
@@ -38,6 +38,7 @@ class LoopInputs:
     steps_per_epoch: list[int]  # planned global steps of each epoch the run reaches
     epochs: list[dict]  # per epoch: {"hash": plan hash, "metrics": {"epoch/...": ...}}
     wandb_dir: str
+    data_files: dict = field(default_factory=dict)  # per-shard digests (pipeline.core.manifest)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -73,6 +74,7 @@ def train_loop(config: dict) -> None:
         steps_per_epoch=inp.steps_per_epoch,
         epochs=inp.epochs,
         run_dir=ctx.get_storage().experiment_fs_path,
+        data_files=inp.data_files,
     )
     # Rank 0 asks the driver's stop flag; every rank joins the all-reduce that makes it unanimous.
     stop = stop_poller(stop_flag_name(cfg.checkpoint.run_name)) if rank == 0 else (lambda: False)

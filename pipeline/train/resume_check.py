@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow.fs as pafs
 
 from pipeline.core.config import RunConfig
+from pipeline.core.manifest import file_digests
 from pipeline.core.metrics import truncation_counts
 from pipeline.learn.checkpoint import (
     STATE_FILE,
@@ -23,7 +24,13 @@ from pipeline.learn.checkpoint import (
     global_batch_definition,
 )
 
-__all__ = ["check_resume_on_driver", "latest_position", "truncation_metrics", "truncation_note"]
+__all__ = [
+    "check_resume_on_driver",
+    "data_file_digests",
+    "latest_position",
+    "truncation_metrics",
+    "truncation_note",
+]
 
 
 def latest_position(fs: pafs.FileSystem, rdir: str) -> tuple[str, DataPosition] | None:
@@ -43,11 +50,25 @@ def latest_position(fs: pafs.FileSystem, rdir: str) -> tuple[str, DataPosition] 
     return best
 
 
+def data_file_digests(index) -> dict[str, str]:
+    """Per-shard digests of the index's samples, shard paths relative to the data path."""
+    from pipeline.data.fs import filesystem_for
+
+    root = filesystem_for(index.path)[1] if index.path else ""
+    return file_digests(index.files, root, index.file_idx, index.sample_ids, index.lengths)
+
+
 def check_resume_on_driver(
-    cfg: RunConfig, fs: pafs.FileSystem, rdir: str, edges: list[int], epochs: list[dict]
+    cfg: RunConfig,
+    fs: pafs.FileSystem,
+    rdir: str,
+    edges: list[int],
+    epochs: list[dict],
+    data_files: dict | None = None,
 ) -> None:
     """The worker loop's resume check, run before any worker starts: a checkpoint that cannot
-    continue under this config or data is refused in seconds, not after every retry."""
+    continue under this config or data is refused in seconds, not after every retry.
+    `data_files` (`data_file_digests`) lets the refusal name the shards that changed."""
     found = latest_position(fs, rdir)
     if found is None or found[1].epoch >= len(epochs):
         return
@@ -60,6 +81,7 @@ def check_resume_on_driver(
             plan_hash=epochs[p.epoch]["hash"],
             world_size=p.world_size if elastic else cfg.scaling.num_workers,
             on_world_size_change=cfg.plan.on_world_size_change,
+            data_files=data_files,
         )
     except ResumeError as e:
         raise ResumeError(f"{e} (checkpoint {path})") from None

@@ -17,7 +17,7 @@ from __future__ import annotations
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -61,6 +61,7 @@ class RunSpec:
     steps_per_epoch: list[int]  # planned global steps of each epoch the run reaches
     epochs: list[dict]  # per epoch: {"hash": plan hash, "metrics": {"epoch/...": ...}}
     run_dir: str  # the run's resolved storage directory: names its W&B run
+    data_files: dict = field(default_factory=dict)  # per-shard digests (pipeline.core.manifest)
 
 
 def seed_worker(seed: int, rank: int, steps_done: int) -> None:
@@ -112,7 +113,9 @@ class Trainer:
         self.scheduler = build_scheduler(self.optimizer, t, length.optimizer_steps)
         self.tracker = BucketLossTracker(len(spec.edges) - 1)
         self.guard = NonFiniteGuard(t.max_nonfinite_steps)
-        self.position = DataPosition(0, 0, spec.epochs[0]["hash"], spec.world, self.global_batch, 0)
+        self.position = DataPosition(
+            0, 0, spec.epochs[0]["hash"], spec.world, self.global_batch, 0, spec.data_files
+        )
         self.counters = {"updates": 0, "tokens": 0.0, "padded": 0.0, "samples": 0.0}
         self.run_id = run_id_for(spec.run_dir)
         self.steps_done = 0
@@ -142,6 +145,7 @@ class Trainer:
                 plan_hash=spec.epochs[p.epoch]["hash"],
                 world_size=spec.world,
                 on_world_size_change=self.cfg.plan.on_world_size_change,
+                data_files=spec.data_files,
             )
         self.model.load_state_dict(state.model)
         self.optimizer.load_state_dict(state.optimizer)
@@ -316,6 +320,7 @@ class Trainer:
             self.spec.world,
             self.global_batch,
             done,
+            self.spec.data_files,
         )
         state = TrainState(
             model=self.model.state_dict(),

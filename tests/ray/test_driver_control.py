@@ -138,6 +138,42 @@ def test_a_resume_that_cannot_continue_is_refused_before_any_worker(
     assert not (tmp_path / "runs" / "refused" / "checkpoint_manager_snapshot.json").exists()
 
 
+def test_a_refused_resume_names_the_shard_that_changed(cluster, tmp_path, capsys):
+    """A shard rewritten after a checkpoint (one row fewer): the refusal names that shard."""
+    import pyarrow.parquet as pq
+
+    from pipeline.core.corpus import write_corpus
+    from pipeline.data import build_length_index
+    from pipeline.train.resume_check import data_file_digests
+
+    data = tmp_path / "data"
+    write_corpus(data, preset="seed902k", num_samples=300, shards=3, vocab_size=64)
+    pairs = _sets(tmp_path, data, **{"data.path": str(data)})
+    sets = [
+        w
+        for a, b in zip(pairs[::2], pairs[1::2], strict=True)
+        if "synthetic" not in b
+        for w in (a, b)
+    ]
+    cfg = load_config("configs/local.yaml", [s for s in sets if s != "--set"])
+    index = build_length_index(cfg)
+    edges = [int(e) for e in cfg.buckets.edges]
+    epochs, _ = launch._plan_epochs(cfg, index, edges)
+    pos = DataPosition(
+        0, 5, epochs[0]["hash"], 2, global_batch_definition(cfg, edges), 5, data_file_digests(index)
+    )
+    ckpt = tmp_path / "runs" / "refused" / "checkpoint_step00000005"
+    ckpt.mkdir(parents=True)
+    (ckpt / STATE_FILE).write_text(__import__("json").dumps({"position": pos.to_dict()}))
+    shard = sorted(data.glob("*.parquet"))[1]
+    t = pq.read_table(shard)
+    pq.write_table(t.slice(0, t.num_rows - 1), shard)
+    assert main(sets) == 2
+    line = _one_error_line(capsys)
+    assert line.startswith("error: cannot resume: epoch 0's plan hash is")
+    assert f"(changed: {shard.name})" in line and str(ckpt) in line
+
+
 def test_a_run_directory_in_use_is_refused(cluster, tmp_path, data_dir, capsys):
     rdir = tmp_path / "runs" / "refused"
     with RunLease(pafs.LocalFileSystem(), str(rdir), settle_s=0):
@@ -218,31 +254,20 @@ def test_the_trainer_installs_the_stop_handler_for_sigint_and_sigterm(tmp_path):
             signal.signal(s, h)
 
 
-@pytest.mark.slow
-def test_a_resume_refused_in_the_workers_ends_at_the_first_attempt(
-    cluster, tmp_path, data_dir, capfd
+def test_an_elastic_run_that_refuses_resizing_is_refused_before_any_worker(
+    tmp_path, data_dir, capsys, no_ray_init
 ):
-    """Two fits: a 2-worker run checkpoints; the same run resumed elastically on 1 worker under
-    plan.on_world_size_change=refuse fails in the worker (the driver cannot know the elastic
-    world size). The ResumeError is raised at the first failure, not after max_failures=2
-    retries, and the CLI prints its one line."""
-    small = {"model.d_model": "32", "model.n_layers": "1", "model.n_heads": "2", "model.d_ff": "64"}
-    first = _sets(
-        tmp_path, data_dir, **small, **{"train.max_steps": "4", "checkpoint.every_steps": "2"}
+    """The one world-size refusal only a worker could see (an elastic run resumed on fewer
+    workers under plan.on_world_size_change=refuse) cannot arise: the config is refused first,
+    in one line, before Ray is even joined (what a worker's ResumeError would do is covered by
+    test_deterministic_worker_errors_are_not_retried)."""
+    sets = _sets(
+        tmp_path,
+        data_dir,
+        **{"scaling.min_workers": "1", "plan.on_world_size_change": "refuse"},
     )
-    assert main(first) == 0
-    capfd.readouterr()
-    again = {
-        **small,
-        "train.max_steps": "8",
-        "checkpoint.every_steps": "2",
-        "checkpoint.max_failures": "2",
-        "scaling.num_workers": "1",
-        "scaling.min_workers": "1",
-        "plan.on_world_size_change": "refuse",
-    }
-    assert main(_sets(tmp_path, data_dir, **again)) == 2
-    out = capfd.readouterr()
-    errors = [ln for ln in out.err.splitlines() if ln.startswith("error:")]
-    assert errors == [errors[0]] and "written by 2 workers, this run has 1" in errors[0], out.err
-    assert "[FailurePolicy] RETRY" not in out.out + out.err
+    assert main(sets) == 2 and no_ray_init == []
+    assert _one_error_line(capsys).startswith(
+        "error: invalid config: scaling.min_workers=1 lets Ray Train resize the run, but "
+        "plan.on_world_size_change=refuse stops a resized resume"
+    )
