@@ -31,7 +31,7 @@ from pipeline.bench.training import run_summary
 from pipeline.core.config import load_config
 from pipeline.core.textcorpus import BYTE_VOCAB, write_text_corpus
 
-__all__ = ["bucket_curves", "measure_realtext", "plot_bucket_curves"]
+__all__ = ["bucket_curves", "measure_realtext", "plot_bucket_curves", "realtext_overrides"]
 
 
 def bucket_curves(curves: dict) -> dict[int, list[tuple[int, float]]]:
@@ -49,6 +49,38 @@ def _bucket_means(per_bucket: dict, from_step: int) -> dict[int, float]:
         if late:
             means[b] = float(np.mean(late))
     return means
+
+
+def realtext_overrides(
+    work: Path,
+    corpus_dir: str,
+    name: str,
+    *,
+    max_length: int,
+    max_steps: int | None,
+    token_budget: int,
+) -> list[str]:
+    """The config overrides of the real-text run: the corpus, optimal edges, one metrics line per
+    step in `work/metrics/<name>.jsonl`, no W&B, no periodic checkpoint."""
+    return [
+        f"data.path={corpus_dir}",
+        f"data.cache_dir={work / 'index'}",
+        f"data.max_length={max_length}",
+        "data.over_length=truncate",
+        "buckets.num_buckets=auto",
+        "batching.mode=token_budget",
+        f"batching.token_budget={token_budget}",
+        f"model.vocab_size={BYTE_VOCAB}",
+        "train.epochs=1",
+        f"train.max_steps={'null' if max_steps is None else max_steps}",
+        "train.log_every=1",
+        f"train.metrics_file={work / 'metrics' / f'{name}.jsonl'}",
+        "wandb.mode=disabled",
+        f"checkpoint.storage_path={work / 'runs'}",
+        f"checkpoint.run_name={name}",
+        "checkpoint.every_steps=null",
+        "checkpoint.keep_last=1",
+    ]
 
 
 def measure_realtext(
@@ -70,26 +102,14 @@ def measure_realtext(
     corpus = write_text_corpus(work / "pystdlib", progress=False)
     name = f"realtext-{uuid.uuid4().hex[:6]}"
     mfile = work / "metrics" / f"{name}.jsonl"
-    overrides = [
-        f"data.path={corpus['out_dir']}",
-        f"data.cache_dir={work / 'index'}",
-        f"data.max_length={max_length}",
-        "data.over_length=truncate",
-        "buckets.edges=null",
-        "buckets.num_buckets=auto",
-        "batching.mode=token_budget",
-        f"batching.token_budget={token_budget}",
-        f"model.vocab_size={BYTE_VOCAB}",
-        "train.epochs=1",
-        f"train.max_steps={'null' if max_steps is None else max_steps}",
-        "train.log_every=1",
-        f"train.metrics_file={mfile}",
-        "wandb.mode=disabled",
-        f"checkpoint.storage_path={work / 'runs'}",
-        f"checkpoint.run_name={name}",
-        "checkpoint.every_steps=null",
-        "checkpoint.keep_last=1",
-    ]
+    overrides = realtext_overrides(
+        work,
+        corpus["out_dir"],
+        name,
+        max_length=max_length,
+        max_steps=max_steps,
+        token_budget=token_budget,
+    )
     cfg = load_config(config, overrides)
     if not ray.is_initialized():
         # A private cluster: never attach to a cluster someone else started on this machine.
