@@ -59,6 +59,7 @@ def realtext_overrides(
     max_length: int,
     max_steps: int | None,
     token_budget: int,
+    seed: int = 0,
 ) -> list[str]:
     """The config overrides of the real-text run: the corpus, optimal edges, one metrics line per
     step in `work/metrics/<name>.jsonl`, no W&B, no periodic checkpoint."""
@@ -71,6 +72,8 @@ def realtext_overrides(
         "batching.mode=token_budget",
         f"batching.token_budget={token_budget}",
         f"model.vocab_size={BYTE_VOCAB}",
+        f"plan.seed={seed}",
+        f"train.seed={seed}",
         "train.epochs=1",
         f"train.max_steps={'null' if max_steps is None else max_steps}",
         "train.log_every=1",
@@ -90,6 +93,7 @@ def measure_realtext(
     max_steps: int | None = 300,
     token_budget: int = 8192,
     config: str = "configs/local.yaml",
+    seed: int = 0,
     log=print,
 ) -> dict:
     """Train the config's model on the stdlib corpus (one run, every step logged); return the
@@ -109,6 +113,7 @@ def measure_realtext(
         max_length=max_length,
         max_steps=max_steps,
         token_budget=token_budget,
+        seed=seed,
     )
     cfg = load_config(config, overrides)
     if not ray.is_initialized():
@@ -133,6 +138,7 @@ def measure_realtext(
         "max_length": max_length,
         "token_budget": token_budget,
         "max_steps": max_steps,
+        "seed": seed,
         "steps": s["steps"],
         "num_buckets": s["num_buckets"],
         "padding_efficiency": s["padding_efficiency"],
@@ -200,9 +206,18 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--work", default="out/bench-realtext", help="corpus, index, runs")
     p.add_argument("--max-steps", type=int, default=300)
     p.add_argument("--max-length", type=int, default=512)
+    p.add_argument("--token-budget", type=int, default=8192)
+    p.add_argument("--seed", type=int, default=0, help="plan.seed and train.seed")
     p.add_argument("--config", default="configs/local.yaml")
     a = p.parse_args(argv)
-    r = measure_realtext(a.work, max_length=a.max_length, max_steps=a.max_steps, config=a.config)
+    r = measure_realtext(
+        a.work,
+        max_length=a.max_length,
+        max_steps=a.max_steps,
+        token_budget=a.token_budget,
+        config=a.config,
+        seed=a.seed,
+    )
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     r["png"] = plot_bucket_curves(r, out / "realtext_bucket_loss.png")
