@@ -4,7 +4,8 @@ The synthetic corpus is equally predictable at every length, so its buckets have
 and `train/loss_debiased` has nothing to remove. Here the tiny decoder trains on the `pystdlib`
 corpus (this Python's standard library split into functions, byte tokens; see
 pipeline/core/textcorpus.py), where a bucket's loss depends on its lengths, through the real
-`pipeline.train.launch.run` with optimal bucket edges and one metrics line per step. Reported:
+`pipeline.train.launch.run` with optimal bucket edges, the config's own token budget (the
+batches `make demo` trains on) and one metrics line per step. Reported:
 
 - loss readability: the variance of the step-to-step change of `train/loss` and of
   `train/loss_debiased` over the same steps (`quality.loss_readability`), and their ratio;
@@ -58,19 +59,20 @@ def realtext_overrides(
     *,
     max_length: int,
     max_steps: int | None,
-    token_budget: int,
+    token_budget: int | None = None,
     seed: int = 0,
 ) -> list[str]:
     """The config overrides of the real-text run: the corpus, optimal edges, one metrics line per
-    step in `work/metrics/<name>.jsonl`, no W&B, no periodic checkpoint."""
-    return [
+    step in `work/metrics/<name>.jsonl`, no W&B, no periodic checkpoint; the config's own token
+    budget unless `token_budget` is given."""
+    budget = [] if token_budget is None else [f"batching.token_budget={token_budget}"]
+    return budget + [
         f"data.path={corpus_dir}",
         f"data.cache_dir={work / 'index'}",
         f"data.max_length={max_length}",
         "data.over_length=truncate",
         "buckets.num_buckets=auto",
         "batching.mode=token_budget",
-        f"batching.token_budget={token_budget}",
         f"model.vocab_size={BYTE_VOCAB}",
         f"plan.seed={seed}",
         f"train.seed={seed}",
@@ -91,7 +93,7 @@ def measure_realtext(
     *,
     max_length: int = 512,
     max_steps: int | None = 300,
-    token_budget: int = 8192,
+    token_budget: int | None = None,
     config: str = "configs/local.yaml",
     seed: int = 0,
     log=print,
@@ -136,7 +138,7 @@ def measure_realtext(
     out = {
         "corpus": {k: corpus[k] for k in ("python", "samples", "tokens", "vocab_size")},
         "max_length": max_length,
-        "token_budget": token_budget,
+        "token_budget": cfg.batching.token_budget,
         "max_steps": max_steps,
         "seed": seed,
         "steps": s["steps"],
@@ -206,7 +208,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--work", default="out/bench-realtext", help="corpus, index, runs")
     p.add_argument("--max-steps", type=int, default=300)
     p.add_argument("--max-length", type=int, default=512)
-    p.add_argument("--token-budget", type=int, default=8192)
+    p.add_argument("--token-budget", type=int, help="default: the config's (local.yaml: 16384)")
     p.add_argument("--seed", type=int, default=0, help="plan.seed and train.seed")
     p.add_argument("--config", default="configs/local.yaml")
     a = p.parse_args(argv)
