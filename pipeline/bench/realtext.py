@@ -4,7 +4,8 @@ The synthetic corpus is equally predictable at every length, so its buckets have
 and `train/loss_debiased` has nothing to remove. Here the tiny decoder trains on the `pystdlib`
 corpus (this Python's standard library split into functions, byte tokens; see
 pipeline/core/textcorpus.py), where a bucket's loss depends on its lengths, through the real
-`pipeline.train.launch.run` with optimal bucket edges and one metrics line per step. Reported:
+`pipeline.train.launch.run` with optimal bucket edges, the config's own token budget (the
+batches `make demo` trains on) and one metrics line per step. Reported:
 
 - loss readability: the variance of the step-to-step change of `train/loss` and of
   `train/loss_debiased` over the same steps (`quality.loss_readability`), and their ratio;
@@ -31,7 +32,7 @@ from pipeline.bench.training import run_summary
 from pipeline.core.config import load_config
 from pipeline.core.textcorpus import BYTE_VOCAB, write_text_corpus
 
-__all__ = ["bucket_curves", "measure_realtext", "plot_bucket_curves"]
+__all__ = ["bucket_curves", "measure_realtext", "plot_bucket_curves", "realtext_overrides"]
 
 
 def bucket_curves(curves: dict) -> dict[int, list[tuple[int, float]]]:
@@ -51,13 +52,50 @@ def _bucket_means(per_bucket: dict, from_step: int) -> dict[int, float]:
     return means
 
 
+def realtext_overrides(
+    work: Path,
+    corpus_dir: str,
+    name: str,
+    *,
+    max_length: int,
+    max_steps: int | None,
+    token_budget: int | None = None,
+    seed: int = 0,
+) -> list[str]:
+    """The config overrides of the real-text run: the corpus, optimal edges, one metrics line per
+    step in `work/metrics/<name>.jsonl`, no W&B, no periodic checkpoint; the config's own token
+    budget unless `token_budget` is given."""
+    budget = [] if token_budget is None else [f"batching.token_budget={token_budget}"]
+    return budget + [
+        f"data.path={corpus_dir}",
+        f"data.cache_dir={work / 'index'}",
+        f"data.max_length={max_length}",
+        "data.over_length=truncate",
+        "buckets.num_buckets=auto",
+        "batching.mode=token_budget",
+        f"model.vocab_size={BYTE_VOCAB}",
+        f"plan.seed={seed}",
+        f"train.seed={seed}",
+        "train.epochs=1",
+        f"train.max_steps={'null' if max_steps is None else max_steps}",
+        "train.log_every=1",
+        f"train.metrics_file={work / 'metrics' / f'{name}.jsonl'}",
+        "wandb.mode=disabled",
+        f"checkpoint.storage_path={work / 'runs'}",
+        f"checkpoint.run_name={name}",
+        "checkpoint.every_steps=null",
+        "checkpoint.keep_last=1",
+    ]
+
+
 def measure_realtext(
     work_dir: str | Path,
     *,
     max_length: int = 512,
     max_steps: int | None = 300,
-    token_budget: int = 8192,
+    token_budget: int | None = None,
     config: str = "configs/local.yaml",
+    seed: int = 0,
     log=print,
 ) -> dict:
     """Train the config's model on the stdlib corpus (one run, every step logged); return the
@@ -70,26 +108,15 @@ def measure_realtext(
     corpus = write_text_corpus(work / "pystdlib", progress=False)
     name = f"realtext-{uuid.uuid4().hex[:6]}"
     mfile = work / "metrics" / f"{name}.jsonl"
-    overrides = [
-        f"data.path={corpus['out_dir']}",
-        f"data.cache_dir={work / 'index'}",
-        f"data.max_length={max_length}",
-        "data.over_length=truncate",
-        "buckets.edges=null",
-        "buckets.num_buckets=auto",
-        "batching.mode=token_budget",
-        f"batching.token_budget={token_budget}",
-        f"model.vocab_size={BYTE_VOCAB}",
-        "train.epochs=1",
-        f"train.max_steps={'null' if max_steps is None else max_steps}",
-        "train.log_every=1",
-        f"train.metrics_file={mfile}",
-        "wandb.mode=disabled",
-        f"checkpoint.storage_path={work / 'runs'}",
-        f"checkpoint.run_name={name}",
-        "checkpoint.every_steps=null",
-        "checkpoint.keep_last=1",
-    ]
+    overrides = realtext_overrides(
+        work,
+        corpus["out_dir"],
+        name,
+        max_length=max_length,
+        max_steps=max_steps,
+        token_budget=token_budget,
+        seed=seed,
+    )
     cfg = load_config(config, overrides)
     if not ray.is_initialized():
         # A private cluster: never attach to a cluster someone else started on this machine.
@@ -111,8 +138,9 @@ def measure_realtext(
     out = {
         "corpus": {k: corpus[k] for k in ("python", "samples", "tokens", "vocab_size")},
         "max_length": max_length,
-        "token_budget": token_budget,
+        "token_budget": cfg.batching.token_budget,
         "max_steps": max_steps,
+        "seed": seed,
         "steps": s["steps"],
         "num_buckets": s["num_buckets"],
         "padding_efficiency": s["padding_efficiency"],
@@ -180,9 +208,18 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--work", default="out/bench-realtext", help="corpus, index, runs")
     p.add_argument("--max-steps", type=int, default=300)
     p.add_argument("--max-length", type=int, default=512)
+    p.add_argument("--token-budget", type=int, help="default: the config's (local.yaml: 16384)")
+    p.add_argument("--seed", type=int, default=0, help="plan.seed and train.seed")
     p.add_argument("--config", default="configs/local.yaml")
     a = p.parse_args(argv)
-    r = measure_realtext(a.work, max_length=a.max_length, max_steps=a.max_steps, config=a.config)
+    r = measure_realtext(
+        a.work,
+        max_length=a.max_length,
+        max_steps=a.max_steps,
+        token_budget=a.token_budget,
+        config=a.config,
+        seed=a.seed,
+    )
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     r["png"] = plot_bucket_curves(r, out / "realtext_bucket_loss.png")

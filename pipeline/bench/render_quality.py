@@ -101,11 +101,12 @@ def _readability(tr: dict, doc: str, plots: dict) -> list[str]:
             "predictable at every length, so the buckets have almost no loss offset to "
             "remove, and in a run this short (a bucket is visited about "
             f"{x.get('visits_per_bucket', 0):.0f} times while the loss is still falling) "
-            "the offsets estimated from a few visits add their own noise. "
-            "`BucketLossTracker` shrinks each offset towards 0 by n / (n + "
-            f"{x.get('tracker_prior_visits', 8):g}) visits for this reason; on data whose "
-            "buckets do differ in loss (tests/unit/test_metrics.py: offsets spanning 1.3 "
-            "nats) the debiased curve's step-to-step variance is 30x below the raw one.",
+            "the offsets estimated from a few steps add their own noise. "
+            "`BucketLossTracker` fits one length trend shared by all buckets over the last "
+            f"{x.get('tracker_window', 24)} steps and shrinks each bucket's own deviation "
+            "towards 0 for this reason; on data whose buckets do differ in loss "
+            "(tests/unit/test_metrics.py: offsets spanning 1.3 nats) the debiased curve's "
+            "step-to-step variance is more than 20x below the raw one.",
             "",
         ]
     if "loss" in plots:

@@ -57,65 +57,132 @@ class BucketLossTracker:
     """Per-bucket loss offsets and the bucket-debiased step loss.
 
     Buckets differ systematically in loss (short and long samples are not equally hard), so the
-    raw step loss jumps with the bucket mix. The tracker keeps a running level of the loss and, per
-    bucket, a running mean of (step loss - level) over that bucket's steps: its offset. Offsets
-    are relative to the level, so a falling loss does not make them stale; they are shrunk towards
-    0 by n / (n + prior_visits) until a bucket has been seen often enough to trust, and centred so
-    their visit-weighted mean is 0. The debiased loss is the step loss minus its bucket's offset
-    from before this step. With real offsets the debiased curve's step-to-step variance drops well
-    below the raw one; where buckets barely differ, it adds little noise of its own
-    (tests/unit/test_metrics.py checks both; BENCHMARKS.md has measured figures).
+    raw step loss jumps with the bucket mix. Before each step the tracker fits the last `window`
+    steps (bucket, loss) by least squares as
+
+        loss = level + slope * (steps ago) + beta * z[bucket] + r[bucket] + m[bucket]
+
+    - level and slope: the local trend from the neighbouring steps, so a falling loss does not
+      leak into the offsets;
+    - beta * z: z is the bucket's position in length order (buckets are sorted by length, and
+      loss follows length); one shared beta lets a bucket seen once or never in the window still
+      get an offset, and a short window follows offsets that change as training goes on (on real
+      text they grow from ~0 to tenths of a nat within a few hundred steps);
+    - r: each bucket's own deviation in the window, shrunk towards 0 by `ridge` (a bucket with n
+      steps in the window keeps about n / (n + ridge) of it);
+    - m: each bucket's remembered deviation from that fit over all its steps (a running mean
+      with `memory` per visit), for offsets that do not follow length. It is shrunk by
+      n / (n + p), with p = noise variance / variance of the buckets' deviations estimated on
+      the run itself: ~0 where buckets differ only by length, ~all of it where they differ
+      otherwise.
+
+    Offsets are centred so their mean over the window's steps is 0. The debiased loss is the step
+    loss minus its bucket's offset fitted on the steps before it, never on itself or later
+    steps. Where buckets differ, the debiased curve's step-to-step variance drops well below the
+    raw one; where they do not, it adds little noise (tests/unit/test_metrics.py checks both;
+    BENCHMARKS.md has measured figures on synthetic and on real text).
     """
 
-    def __init__(self, num_buckets: int, decay: float = 0.9, prior_visits: float = 8.0):
-        self.decay = decay
-        self.prior_visits = prior_visits
-        self.sums = np.zeros(num_buckets)  # EMA numerators of (loss - level), bias-corrected below
-        self.counts = np.zeros(num_buckets)
-        self.level = float("nan")
+    def __init__(
+        self, num_buckets: int, window: int = 24, ridge: float = 10.0, memory: float = 0.9
+    ):
+        assert window >= 3 and 0 < memory < 1, (window, memory)
+        self.num_buckets = num_buckets
+        self.window, self.ridge, self.memory = window, ridge, memory
+        self.buckets: list[int] = []  # the last `window` steps, oldest first
+        self.losses: list[float] = []
+        self.counts = np.zeros(num_buckets)  # steps seen per bucket, over the whole run
+        self.deviation = np.zeros(num_buckets)  # running-mean numerators of m (bias-corrected)
+        self.noise = np.zeros(2)  # running sum of squared deviation changes, and its weight
+
+    def _remembered(self) -> tuple[np.ndarray, np.ndarray]:
+        """(each bucket's remembered deviation, the same shrunk by its empirical-Bayes prior)."""
+        n, d = self.counts, self.memory
+        seen = n > 0
+        mean = np.zeros_like(self.deviation)
+        mean[seen] = self.deviation[seen] / (1 - d ** n[seen])
+        n_eff = np.minimum(n, (1 + d) / (1 - d))  # a running mean's effective sample size
+        prior = 1e3
+        if seen.sum() >= 3 and self.noise[1] > 5:
+            noise = self.noise[0] / self.noise[1]
+            spread = np.var(mean[seen]) - np.mean(noise / n_eff[seen])
+            prior = float(np.clip(noise / spread, 1.0, 1e3)) if spread > 0 else prior
+        return mean, mean * n_eff / (n_eff + prior)
+
+    def _fit(self) -> tuple[float, np.ndarray, np.ndarray]:
+        """(level now, each bucket's offset before centring, its part fitted on the window: the
+        offset less m); no offsets until the window holds 3 steps of at least 2 buckets."""
+        b = np.asarray(self.buckets, dtype=np.int64)
+        y = np.asarray(self.losses, dtype=np.float64)
+        K = self.num_buckets
+        if y.size < 3 or np.unique(b).size < 2:
+            level = float(y.mean()) if y.size else float("nan")
+            return level, np.zeros(K), np.zeros(K)
+        _, m = self._remembered()
+        z = (np.arange(K) - (K - 1) / 2) / max(K / 2, 1)  # length order, about -1..1
+        X = np.zeros((y.size, 3 + K))
+        X[:, 0] = 1.0
+        X[:, 1] = (np.arange(y.size) - y.size) / self.window  # steps ago, scaled
+        X[:, 2] = z[b]
+        X[np.arange(y.size), 3 + b] = 1.0
+        penalty = np.r_[np.full(3, 1e-9), np.full(K, self.ridge)]
+        coef = np.linalg.solve(X.T @ X + np.diag(penalty), X.T @ (y - m[b]))
+        window = coef[2] * z + coef[3:]
+        return float(coef[0]), window + m, window
 
     def offsets(self) -> np.ndarray:
-        """Current centred, shrunk offset of each bucket (0 for a bucket not seen yet)."""
-        n = self.counts
-        seen = n > 0
-        raw = np.zeros_like(self.sums)
-        raw[seen] = self.sums[seen] / (1 - self.decay ** n[seen])
-        off = raw * n / (n + self.prior_visits)
-        if seen.any():
-            off[seen] -= (off[seen] * n[seen]).sum() / n[seen].sum()
-        return off
+        """Current offset of each bucket, centred on the window's steps (0 for every bucket until
+        the window can be fitted)."""
+        _, off, _ = self._fit()
+        return off - off[np.asarray(self.buckets, dtype=np.int64)].mean() if self.buckets else off
 
     @property
     def bucket_mean(self) -> np.ndarray:
-        """Running loss of each bucket (level + offset); NaN for a bucket not seen yet."""
-        return np.where(self.counts > 0, self.level + self.offsets(), np.nan)
+        """Current loss of each bucket from the fit (level + its offset); NaN for a bucket not
+        seen yet."""
+        level, off, _ = self._fit()
+        return np.where(self.counts > 0, level + off, np.nan)
 
     def update(self, bucket: int, loss: float) -> float:
         """Record a step's loss; return its debiased loss."""
-        if np.isnan(self.level):
-            self.level = float(loss)
-        debiased = float(loss - self.offsets()[bucket])
-        d = self.decay
-        self.sums[bucket] = d * self.sums[bucket] + (1 - d) * (loss - self.level)
+        level, off, window = self._fit()
+        centre = off[np.asarray(self.buckets, dtype=np.int64)].mean() if self.buckets else 0.0
+        debiased = float(loss - (off[bucket] - centre))
+        if not np.isnan(level) and window.any():  # the window was fitted: remember the rest
+            mean, _ = self._remembered()
+            e = loss - level - window[bucket]
+            if self.counts[bucket] > 0:
+                self.noise = 0.99 * self.noise + np.array([(e - mean[bucket]) ** 2, 1.0])
+            d = self.memory
+            self.deviation[bucket] = d * self.deviation[bucket] + (1 - d) * e
+        self.buckets.append(int(bucket))
+        self.losses.append(float(loss))
+        del self.buckets[: -self.window], self.losses[: -self.window]
         self.counts[bucket] += 1
-        self.level = d * self.level + (1 - d) * float(loss - self.offsets()[bucket])
         return debiased
 
     def state_dict(self) -> dict:
         return {
-            "sums": self.sums.tolist(),
+            "buckets": list(self.buckets),
+            "losses": list(self.losses),
             "counts": self.counts.tolist(),
-            "level": self.level,
-            "decay": self.decay,
-            "prior_visits": self.prior_visits,
+            "deviation": self.deviation.tolist(),
+            "noise": self.noise.tolist(),
+            "window": self.window,
+            "ridge": self.ridge,
+            "memory": self.memory,
         }
 
     def load_state_dict(self, d: dict) -> None:
-        self.sums = np.asarray(d["sums"], dtype=float)
         self.counts = np.asarray(d["counts"], dtype=float)
-        self.level = float(d["level"])
-        self.decay = float(d["decay"])
-        self.prior_visits = float(d["prior_visits"])
+        # A checkpoint written before the windowed fit holds only counts: the rest refills.
+        self.buckets = [int(x) for x in d.get("buckets", [])]
+        self.losses = [float(x) for x in d.get("losses", [])]
+        self.deviation = np.asarray(d.get("deviation", np.zeros_like(self.counts)), dtype=float)
+        self.noise = np.asarray(d.get("noise", [0.0, 0.0]), dtype=float)
+        self.window = int(d.get("window", self.window))
+        self.ridge = float(d.get("ridge", self.ridge))
+        self.memory = float(d.get("memory", self.memory))
 
 
 def batch_recomposition(

@@ -2,17 +2,19 @@
 
 On the driver, once:
 
-    delivery = prepare_delivery(cfg)          # index, bucket edges, feeder actor started
-    trainer = TorchTrainer(my_loop, train_loop_config={"delivery": delivery.to_dict(), ...})
-    trainer.fit(); stop_delivery(delivery)
+    with prepare_delivery(cfg) as delivery:   # index, bucket edges, feeder actor started
+        trainer = TorchTrainer(my_loop, train_loop_config={"delivery": delivery.to_dict(), ...})
+        trainer.fit()                         # the feeder stops at the end of the block
 
 In each Ray Train worker:
 
     delivery = Delivery.from_dict(config["delivery"])
-    for epoch in range(E):
-        for mb in iter_micro_batches(delivery, epoch=epoch, start_step=0):
-            x = batch_tensors(mb, device)     # input_ids, attention_mask, position_ids, labels
-            ...
+    for mb in iter_run(delivery, start_step=0):   # the run's steps, epoch after epoch
+        x = batch_tensors(mb, device)     # input_ids, attention_mask, position_ids, labels
+        loss = next_token_loss(model(x["input_ids"]), x["labels"])
+        ...
+
+(`iter_micro_batches(delivery, epoch=e)` gives one epoch's steps.)
 
 Every rank gets exactly one micro-batch per global step of the epoch, all from the same bucket
 (`mb.bucket`), in the same order on every rank: the epoch's plan depends on (plan.seed, epoch)
@@ -25,14 +27,15 @@ by one for next-token loss) and are -100 on padding and on unsupervised tokens.
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from pipeline.core.collate import IGNORE_INDEX
 from pipeline.core.config import ConfigError, RunConfig
-from pipeline.core.epochs import resolve_edges
-from pipeline.core.plan import steps_per_epoch
+from pipeline.core.epochs import epoch_plan_for, resolve_edges
+from pipeline.core.runlength import run_length
 from pipeline.data.feeder import start_feeder, stop_feeder
 from pipeline.data.index import build_length_index, resolve_data_path
 from pipeline.data.rechunk import MicroBatch
@@ -43,6 +46,8 @@ __all__ = [
     "MicroBatch",
     "batch_tensors",
     "iter_micro_batches",
+    "iter_run",
+    "next_token_loss",
     "prepare_delivery",
     "stop_delivery",
 ]
@@ -55,11 +60,21 @@ class Delivery:
     feeder: str  # name of the feeder actor
     path: str  # the data (directory or URI)
     edges: list[int]  # bucket edges [0, e1, ..., top]; bucket k holds lengths in (e_k, e_k+1]
-    steps_per_epoch: int  # global steps per epoch (the same for every epoch and world size)
+    steps_per_epoch: int  # global steps of epoch 0 (the same for every world size)
     num_samples: int  # valid samples in one epoch
+    # Global steps of each epoch the run reaches (train.epochs, cut at train.max_steps): with
+    # batching.fill greedy each epoch's plan has its own count.
+    epoch_steps: list[int] = field(default_factory=list)
+    total_steps: int = 0  # global steps of the whole run (train.epochs, train.max_steps)
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def __enter__(self) -> Delivery:
+        return self
+
+    def __exit__(self, *exc) -> None:  # `with prepare_delivery(cfg) as d:` stops the feeder
+        stop_delivery(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> Delivery:
@@ -69,19 +84,30 @@ class Delivery:
 def prepare_delivery(cfg: RunConfig, *, name: str | None = None) -> Delivery:
     """Driver side: find (or build) the data, index it, choose the edges, start the feeder.
 
-    Call after `ray.init`; the feeder lives until `stop_delivery` or the end of the driver.
+    Starts Ray if it is not up yet (the cluster in RAY_ADDRESS, else a local one). The feeder
+    lives until `stop_delivery`, the end of a `with prepare_delivery(cfg) as delivery:` block, or
+    the end of the driver.
     """
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=os.environ.get("RAY_ADDRESS", "local"))
     path = resolve_data_path(cfg)
     index = build_length_index(cfg, path)
     edges = [int(e) for e in resolve_edges(cfg, index.lengths)]
-    steps = steps_per_epoch(index.lengths, edges, cfg.batching)
-    if steps == 0:
+    steps: list[int] = []
+    for epoch in range(cfg.train.epochs):  # as the trainer plans them: up to train.max_steps
+        if cfg.train.max_steps is not None and sum(steps) >= cfg.train.max_steps:
+            break
+        steps.append(epoch_plan_for(cfg, index, edges, epoch, world_size=1).num_steps)
+    if steps[0] == 0:
         raise ConfigError(
             f"no training steps: {len(index.lengths)} valid samples under buckets {edges}"
         )
     name = name or f"bucketray-feeder-{uuid.uuid4().hex[:8]}"
     start_feeder(cfg, index, edges, name=name, path=path)
-    return Delivery(name, path, edges, steps, int(len(index.lengths)))
+    total = run_length(steps, cfg.train).global_steps
+    return Delivery(name, path, edges, steps[0], int(len(index.lengths)), steps, total)
 
 
 def stop_delivery(delivery: Delivery) -> None:
@@ -108,10 +134,10 @@ def iter_micro_batches(
         ctx = ray.train.get_context()
         rank = ctx.get_world_rank() if rank is None else rank
         world_size = ctx.get_world_size() if world_size is None else world_size
-    if not 0 <= start_step <= delivery.steps_per_epoch:
-        raise ValueError(
-            f"start_step={start_step} is outside the epoch's 0..{delivery.steps_per_epoch} steps"
-        )
+    planned = delivery.epoch_steps
+    steps = planned[epoch] if epoch < len(planned) else delivery.steps_per_epoch
+    if not 0 <= start_step <= steps:
+        raise ValueError(f"start_step={start_step} is outside the epoch's 0..{steps} steps")
     yield from rank_batches(
         delivery.feeder,
         epoch=epoch,
@@ -120,6 +146,47 @@ def iter_micro_batches(
         world_size=world_size,
         pin_memory=pin_memory,
     )
+
+
+def iter_run(
+    delivery: Delivery,
+    *,
+    start_step: int = 0,
+    rank: int | None = None,
+    world_size: int | None = None,
+    pin_memory: bool = False,
+) -> Iterator[MicroBatch]:
+    """Worker side: this rank's micro-batches of the whole run, epoch after epoch, one per global
+    step from `start_step` (counted over the run) to `delivery.total_steps`. Each micro-batch's
+    `epoch` and `step` say where it is in its epoch; to resume, pass the steps done so far."""
+    first = 0  # the run's global step at which the epoch starts
+    for epoch, planned in enumerate(delivery.epoch_steps):
+        take = min(planned, delivery.total_steps - first)  # the last epoch may be cut short
+        if start_step < first + take:
+            skip = max(start_step - first, 0)
+            batches = iter_micro_batches(
+                delivery,
+                epoch=epoch,
+                start_step=skip,
+                rank=rank,
+                world_size=world_size,
+                pin_memory=pin_memory,
+            )
+            yield from (mb for _, mb in zip(range(take - skip), batches, strict=False))
+        first += planned
+
+
+def next_token_loss(logits, labels):
+    """Mean next-token cross-entropy of `logits` [B, L, V] against `labels` [B, L] (aligned with
+    the inputs, -100 where not supervised): position i predicts label i + 1. A micro-batch
+    without a supervised token gives 0 (with a gradient), not NaN."""
+    import torch.nn.functional as F
+
+    logits, target = logits[:, :-1], labels[:, 1:]
+    total = F.cross_entropy(
+        logits.flatten(0, 1), target.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+    )
+    return total / max(int((target != IGNORE_INDEX).sum()), 1)
 
 
 def batch_tensors(mb: MicroBatch, device=None) -> dict:

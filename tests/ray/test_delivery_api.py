@@ -24,6 +24,7 @@ def test_driver_prepares_and_ranks_iterate_their_micro_batches(cluster, tmp_path
             "buckets": {"num_buckets": 3},
             "batching": {"token_budget": 512},
             "model": {"vocab_size": 64},
+            "train": {"epochs": 3, "max_steps": 50},  # cut in epoch 1 (plans of 40 steps)
         }
     )
     delivery = api.prepare_delivery(cfg, name="api-test-feeder")
@@ -50,8 +51,30 @@ def test_driver_prepares_and_ranks_iterate_their_micro_batches(cluster, tmp_path
         assert t["input_ids"].dtype == torch.int64
         with pytest.raises(ValueError, match="start_step"):
             next(api.iter_micro_batches(delivery, epoch=0, start_step=S + 1, rank=0, world_size=2))
+        _the_run_spans_epochs_and_resumes_at_a_global_step(cfg, delivery, ranks[0])
     finally:
         api.stop_delivery(delivery)
+
+
+def _the_run_spans_epochs_and_resumes_at_a_global_step(cfg, delivery, epoch0):
+    from pipeline.core.epochs import epoch_plan_for
+    from pipeline.data import build_length_index
+
+    index = build_length_index(cfg, delivery.path)
+    planned = [epoch_plan_for(cfg, index, delivery.edges, e, 1).num_steps for e in range(2)]
+    assert delivery.epoch_steps == planned and planned[0] < delivery.total_steps == 50 < sum(
+        planned
+    )
+    run = list(api.iter_run(delivery, rank=0, world_size=2))
+    where = [(mb.epoch, mb.step) for mb in run]
+    assert where == [(0, s) for s in range(planned[0])] + [(1, s) for s in range(50 - planned[0])]
+    assert [mb.sample_ids.tolist() for mb in run[: planned[0]]] == [
+        mb.sample_ids.tolist() for mb in epoch0
+    ]
+    for k in (planned[0] - 1, planned[0] + 2):  # resume before and after the epoch boundary
+        tail = list(api.iter_run(delivery, start_step=k, rank=0, world_size=2))
+        assert [(mb.epoch, mb.step) for mb in tail] == where[k:]
+    assert list(api.iter_run(delivery, start_step=50, rank=0, world_size=2)) == []
 
 
 def test_an_empty_share_becomes_a_batch_without_supervised_tokens():
@@ -59,3 +82,15 @@ def test_an_empty_share_becomes_a_batch_without_supervised_tokens():
     mb = api.MicroBatch(0, 0, 0, np.zeros(0, np.int64), empty, empty, empty, empty, 0, 0)
     t = api.batch_tensors(mb)
     assert t["input_ids"].shape == (1, 2) and bool((t["labels"] == -100).all())
+
+
+def test_next_token_loss_is_the_supervised_tokens_mean_and_zero_without_any():
+    logits = torch.randn(2, 4, 5, requires_grad=True)
+    labels = torch.tensor([[7, 1, 2, -100], [7, 3, -100, -100]])
+    want = torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, 5)[[0, 1, 3]], torch.tensor([1, 2, 3])
+    )
+    torch.testing.assert_close(api.next_token_loss(logits, labels), want)
+    none = api.next_token_loss(logits, torch.full((2, 4), -100))
+    none.backward()
+    assert none.item() == 0.0 and logits.grad is not None

@@ -324,3 +324,15 @@ def test_readme_headline_block_is_replaced_between_markers_only():
     assert build_parser().parse_args([]).readme is None  # trial runs never touch the README
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     assert HEADLINE_START in readme and HEADLINE_END in readme
+
+
+def test_the_readme_headline_states_the_real_text_and_the_synthetic_readability(results):
+    from tests.unit.test_realtext_bench import _fake_result
+
+    rt = _fake_result()
+    r = {**results, "training": {**results["training"], "realtext": rt}}
+    head = render_headline(r, doc_path="BENCHMARKS.md")  # what --readme README.md splices in
+    real = f"{rt['readability']['ratio']:.2f} on the Python {rt['corpus']['python']} standard"
+    syn = results["training"]["readability"]["optimal:auto"]["ratio"]
+    assert real in head and f"{syn:.2f} on the synthetic corpus" in head
+    assert "on the Python" not in render_headline(results, doc_path="BENCHMARKS.md")

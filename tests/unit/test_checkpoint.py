@@ -41,9 +41,16 @@ def _state(world: int = 2) -> TrainState:
         position=DataPosition(1, 7, "abc", world, gb, 27),
         wandb_run_id="run123",
         counters={"updates": 27, "tokens": 1e6},
-        tracker=BucketLossTracker(2).state_dict(),
+        tracker=_tracker_state(),
         rng=rng_state(),
     )
+
+
+def _tracker_state() -> dict:
+    t = BucketLossTracker(3)
+    for k, loss in enumerate([4.0, 3.1, 3.5, 2.9, 3.2, 2.7, 3.0, 2.6]):
+        t.update(k % 3, loss)
+    return t.state_dict()
 
 
 def test_round_trip_restores_everything(tmp_path):
@@ -56,6 +63,7 @@ def test_round_trip_restores_everything(tmp_path):
     assert back.optimizer["state"][0]["step"] == st.optimizer["state"][0]["step"]
     assert back.position == st.position and back.wandb_run_id == "run123"
     assert back.counters == st.counters and back.scheduler["base_lrs"] == st.scheduler["base_lrs"]
+    assert back.tracker == st.tracker and st.tracker["losses"]  # loadable with weights_only
     assert json.loads((tmp_path / "state.json").read_text())["position"]["version"] == 1
     assert load_checkpoint(tmp_path, rank=1).rng is not None
     assert load_checkpoint(tmp_path, rank=2).rng is None  # a grown world: reseeded, not an error
