@@ -11,6 +11,7 @@ floor (`pipeline.core.frontier`) stays within it: narrow buckets re-pair samples
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -19,7 +20,13 @@ from pipeline.core.config import Batching, PlanConfig, RunConfig
 from pipeline.core.frontier import epoch0_efficiency, plan_point
 from pipeline.core.plan import EpochPlan, epoch_plan
 
-__all__ = ["resolve_edges", "auto_edges", "simulated_efficiency", "epoch_plan_for"]
+__all__ = [
+    "resolve_edges",
+    "auto_edges",
+    "simulated_efficiency",
+    "epoch_plan_for",
+    "run_epoch_plans",
+]
 
 
 def simulated_efficiency(
@@ -134,3 +141,15 @@ def epoch_plan_for(cfg: RunConfig, index, edges, epoch: int, world_size: int) ->
         plan=cfg.plan,
         sample_ids=index.sample_ids,
     )
+
+
+def run_epoch_plans(cfg: RunConfig, index, edges, world_size: int) -> Iterator[EpochPlan]:
+    """The plan of every epoch the run reaches: train.epochs of them, fewer when train.max_steps
+    ends the run earlier (with greedy fill, epochs differ slightly in their step counts)."""
+    steps = 0
+    for epoch in range(cfg.train.epochs):
+        if cfg.train.max_steps is not None and steps >= cfg.train.max_steps:
+            return
+        plan = epoch_plan_for(cfg, index, edges, epoch, world_size)
+        steps += plan.num_steps
+        yield plan

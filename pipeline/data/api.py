@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 
 from pipeline.core.collate import IGNORE_INDEX
 from pipeline.core.config import ConfigError, RunConfig
-from pipeline.core.epochs import epoch_plan_for, resolve_edges
+from pipeline.core.epochs import resolve_edges, run_epoch_plans
 from pipeline.core.runlength import run_length
 from pipeline.data.feeder import start_feeder, stop_feeder
 from pipeline.data.index import build_length_index, resolve_data_path
@@ -95,11 +95,7 @@ def prepare_delivery(cfg: RunConfig, *, name: str | None = None) -> Delivery:
     path = resolve_data_path(cfg)
     index = build_length_index(cfg, path)
     edges = [int(e) for e in resolve_edges(cfg, index.lengths)]
-    steps: list[int] = []
-    for epoch in range(cfg.train.epochs):  # as the trainer plans them: up to train.max_steps
-        if cfg.train.max_steps is not None and sum(steps) >= cfg.train.max_steps:
-            break
-        steps.append(epoch_plan_for(cfg, index, edges, epoch, world_size=1).num_steps)
+    steps = [p.num_steps for p in run_epoch_plans(cfg, index, edges, world_size=1)]
     if steps[0] == 0:
         raise ConfigError(
             f"no training steps: {len(index.lengths)} valid samples under buckets {edges}"

@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow.fs as pafs
 
 from pipeline.core.config import ConfigError, RunConfig
+from pipeline.core.epochs import run_epoch_plans
 from pipeline.core.metrics import padding_efficiency
 from pipeline.core.plan import EpochPlan
 from pipeline.core.runlength import run_length
@@ -209,13 +210,8 @@ def _run_fs(cfg: RunConfig) -> tuple[pafs.FileSystem, str]:
 def _plan_epochs(cfg: RunConfig, index, edges: list[int]) -> tuple[list[dict], list[int]]:
     """Plan every epoch the run reaches (up to train.max_steps): each epoch's hash and metrics,
     and its planned global steps."""
-    from pipeline.data import epoch_plan_for
-
     epochs, steps = [], []
-    for e in range(cfg.train.epochs):
-        if cfg.train.max_steps is not None and sum(steps) >= cfg.train.max_steps:
-            break
-        plan = epoch_plan_for(cfg, index, edges, e, cfg.scaling.num_workers)
+    for plan in run_epoch_plans(cfg, index, edges, cfg.scaling.num_workers):
         if plan.num_steps == 0:
             raise ConfigError(
                 f"no training steps: {len(index.lengths)} valid samples under buckets {edges} "
