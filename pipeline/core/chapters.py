@@ -52,12 +52,16 @@ __all__ = [
     "chapter_of",
     "chapter_end",
     "chapter_plan",
+    "LEAD_GROWTH",
+    "lead_in_bounds",
     "row_group_of",
     "chapter_read_bytes",
 ]
 
 # 2**28 int32 tokens = 1 GiB per chapter; chosen from the read measurement in the docstring.
 DEFAULT_CHAPTER_TOKENS = 2**28
+# Each range of a lead-in holds this many times the real tokens of the one before.
+LEAD_GROWTH = 4
 # Balanced cuts tried (chapter counts above the lower bound) before the greedy fallback.
 _BALANCE_TRIES = 16
 
@@ -186,6 +190,41 @@ def chapters_from(bounds: np.ndarray, step: int) -> list[Chapter]:
         return []
     c = chapter_of(b, step)
     return [Chapter(i, step if i == c else int(b[i]), int(b[i + 1])) for i in range(c, b.size - 1)]
+
+
+def lead_in_bounds(
+    tokens: np.ndarray,
+    bounds: np.ndarray,
+    start: int,
+    lead_tokens: int,
+    *,
+    growth: int = LEAD_GROWTH,
+    first_step: int = 0,
+) -> np.ndarray:
+    """Cuts [start, c1, ..., end] (absolute steps) of a lead-in: the ranges served from `start`
+    when nothing is prepared there (a cold start, a resume), up to the end of the chapter holding
+    `start`. The first range holds at most `lead_tokens` real tokens, each next one at most
+    `growth` times the one before (every range at least one step), so the first step waits for a
+    small preparation and the ranges soon reach the regular chapters' size.
+
+    `tokens`: each step's real tokens (`step_tokens` of the full plan, whose first step is
+    `first_step`); `bounds`: the regular chapter boundaries. A pure function of its arguments:
+    every rank, and a restarted feeder, computes the same cuts.
+    """
+    if lead_tokens < 1 or growth < 1:
+        raise ValueError(f"lead_tokens and growth must be >= 1, got {lead_tokens}, {growth}")
+    b = np.asarray(bounds, dtype=np.int64)
+    end = chapter_end(b, start)
+    t = np.asarray(tokens, dtype=np.int64)[start - first_step : end - first_step]
+    cum = np.concatenate([[0], np.cumsum(t)])  # tokens from `start` to each step
+    cuts, at, size = [0], 0, int(lead_tokens)
+    while at < t.size:
+        # the furthest step whose tokens from `at` stay within `size`, at least one step on
+        nxt = int(np.searchsorted(cum, cum[at] + size, side="right")) - 1
+        at = min(max(nxt, at + 1), t.size)
+        cuts.append(at)
+        size *= growth
+    return np.asarray(cuts, dtype=np.int64) + start
 
 
 def chapter_plan(plan: EpochPlan, first_step: int, end_step: int) -> EpochPlan:

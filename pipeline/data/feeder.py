@@ -35,7 +35,9 @@ from pipeline.core.chapters import (
     chapter_end,
     chapter_of,
     chapter_plan,
+    lead_in_bounds,
     plan_chapter_bounds,
+    step_tokens,
 )
 from pipeline.core.config import RunConfig
 from pipeline.core.epochs import epoch_plan_for
@@ -121,6 +123,12 @@ class Feeder:
         self._jobs: dict[tuple, Future] = {}
         self._retries: dict[tuple, int] = {}
         self._epochs: dict[tuple, tuple[EpochPlan, np.ndarray]] = {}  # see _epoch
+        self._epoch_lock = threading.Lock()  # one thread plans an epoch, the others wait
+        # (epoch, world_size) -> {start step: end step} of every range decided (see _end_for)
+        self._ends: dict[tuple, dict[int, int]] = {}
+        # (epoch, world_size, step) where a decided range ends: a request there continues a
+        # stream (no lead-in); the last range of an epoch leads to (epoch + 1, world_size, 0)
+        self._follows: set[tuple] = set()
         self._positions = RankPositions()  # where each rank last asked to start
         self._peak_held_bytes = 0
         self._history: collections.deque = collections.deque(maxlen=HISTORY)
@@ -155,25 +163,64 @@ class Feeder:
 
     def _epoch(self, epoch: int, world_size: int) -> tuple[EpochPlan, np.ndarray]:
         """The epoch's plan and chapter bounds (of the full plan, so a resume keeps them),
-        memoised for two epochs; only the preparing thread calls this."""
+        memoised for two epochs."""
         key = (epoch, world_size)
-        if key not in self._epochs:
-            plan = epoch_plan_for(self.cfg, self.index, self.edges, epoch, world_size)
-            d = self.cfg.data
-            self._epochs[key] = (
-                plan,
-                plan_chapter_bounds(plan, max_steps=d.chapter_steps, max_tokens=d.chapter_tokens),
-            )
-            for k in sorted(self._epochs)[:-2]:
-                del self._epochs[k]
-        return self._epochs[key]
+        with self._epoch_lock:
+            if key not in self._epochs:
+                plan = epoch_plan_for(self.cfg, self.index, self.edges, epoch, world_size)
+                d = self.cfg.data
+                bounds = plan_chapter_bounds(
+                    plan, max_steps=d.chapter_steps, max_tokens=d.chapter_tokens
+                )
+                self._epochs[key] = (plan, bounds)
+                for k in sorted(self._epochs)[:-2]:
+                    del self._epochs[k]
+                    self._ends.pop(k, None)
+                    self._follows = {f for f in self._follows if f[:2] != k}
+            return self._epochs[key]
 
-    def _prepare(self, epoch: int, world_size: int, start_step: int) -> _Prepared:
-        key = (epoch, world_size, start_step)
+    def _end_for(
+        self, epoch: int, world_size: int, start: int, end: int | None, *, may_lead: bool
+    ) -> int:
+        """The end step of the range served from `start`, the same for every rank.
+
+        `end`, when given (a worker asking again for the range it had), is kept. Otherwise the
+        range decided earlier for `start`; else, for a worker's request (`may_lead`) that does
+        not continue a decided range (a cold start, a resume), the first range of a lead-in
+        (`lead_in_bounds`, data.lead_tokens), whose later cuts are decided with it; else the
+        end of the chapter holding `start`.
+        """
+        full, bounds = self._epoch(epoch, world_size)
+        if start >= full.num_steps:
+            return start
+        with self._lock:
+            ends = self._ends.setdefault((epoch, world_size), {})
+            if end is not None or start in ends:
+                end = ends.get(start, end) if end is None else end
+                self._decide(ends, epoch, world_size, start, end, full.num_steps)
+                return end
+            lead = may_lead and self.cfg.data.lead_tokens
+            lead = lead and (epoch, world_size, start) not in self._follows
+        cuts = [start, chapter_end(bounds, start)]
+        if lead:
+            tokens = step_tokens(full)
+            cuts = lead_in_bounds(tokens, bounds, start, lead, first_step=full.first_step).tolist()
+        with self._lock:
+            for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+                self._decide(ends, epoch, world_size, a, b, full.num_steps)
+            return ends[start]
+
+    def _decide(self, ends: dict, epoch: int, world_size: int, a: int, b: int, steps: int):
+        """Record range [a, b) unless one from `a` was decided; under the lock."""
+        if ends.setdefault(a, b) == b:
+            self._follows.add((epoch, world_size, b) if b < steps else (epoch + 1, world_size, 0))
+
+    def _prepare(self, epoch: int, world_size: int, start_step: int, end_step: int) -> _Prepared:
+        key = (epoch, world_size, start_step, end_step)
         t0 = time.perf_counter()
         full, bounds = self._epoch(epoch, world_size)
         full_hash = full.content_hash
-        end_step, epoch_steps = chapter_end(bounds, start_step), full.num_steps
+        epoch_steps = full.num_steps
         plan = chapter_plan(full, start_step, end_step)
         keys, rank_rows = plan.sort_keys()
         units = plan_read_units(self.index, plan.sample_ids, keys)
@@ -260,28 +307,37 @@ class Feeder:
         return [int(x) for x in b if 0 < x < plan.num_samples]
 
     def prepare(self, epoch: int, world_size: int, start_step: int = 0) -> dict:
-        """Prepare (or wait for) the parts of (epoch, world_size, start_step); returns timings."""
-        return self._prepared((epoch, world_size, start_step)).stats
+        """Prepare (or wait for) the parts of (epoch, world_size, start_step) to the end of its
+        range (a chapter's, unless a lead-in decided otherwise); returns timings."""
+        end = self._end_for(epoch, world_size, start_step, None, may_lead=False)
+        return self._prepared((epoch, world_size, start_step, end)).stats
 
     def part(
-        self, epoch: int, world_size: int, start_step: int, rank: int, stale: str | None = None
+        self,
+        epoch: int,
+        world_size: int,
+        start_step: int,
+        rank: int,
+        stale: str | None = None,
+        end_step: int | None = None,
     ) -> RankPart:
-        """Rank `rank`'s part of the chapter holding `start_step`, from `start_step` to the
-        chapter's end. Once every rank has asked for this chapter (so none needs an earlier
-        one), the next chapter (or the next epoch's first) starts preparing: about two chapters
-        are held at once. `stale`: a prep_id whose blocks a worker found lost, prepared again
-        instead of handed out twice."""
-        prep = self._prepared((epoch, world_size, start_step), stale)
-        end, steps = prep.stats["end_step"], prep.stats["epoch_steps"]
+        """Rank `rank`'s part of the range from `start_step`: to its chapter's end, or, where
+        nothing was prepared, a lead-in's first range (`_end_for`). Once every rank has asked
+        for this range (so none needs an earlier one), the next one (or the next epoch's first
+        chapter) starts preparing: about two chapters are held at once. `stale`: a prep_id
+        whose blocks a worker found lost, prepared again instead of handed out twice;
+        `end_step`: the end that worker had, kept so it can skip what it already delivered."""
+        end = self._end_for(epoch, world_size, start_step, end_step, may_lead=True)
+        prep = self._prepared((epoch, world_size, start_step, end), stale)
+        steps = prep.stats["epoch_steps"]
         everyone_here = self.consumed(epoch, world_size, start_step, rank)
-        if end < steps:
-            nxt = (epoch, world_size, end)
-        elif epoch + 1 < self.cfg.train.epochs:  # no sort nobody will read
-            nxt = (epoch + 1, world_size, 0)
-        else:
-            nxt = None
-        if self.prefetch and everyone_here and nxt is not None:
-            self._submit(nxt)
+        if self.prefetch and everyone_here:
+            if end < steps:
+                nxt = (epoch, world_size, end)
+                self._submit((*nxt, self._end_for(*nxt, None, may_lead=False)))
+            elif epoch + 1 < self.cfg.train.epochs:  # no sort nobody will read
+                # planned on the preparing thread, not in this rank's request
+                self._pool.submit(self._prefetch, (epoch + 1, world_size, 0))
         return RankPart(
             epoch=epoch,
             world_size=world_size,
@@ -299,6 +355,10 @@ class Feeder:
             end_step=end,
             epoch_steps=steps,
         )
+
+    def _prefetch(self, nxt: tuple) -> None:
+        """Decide `nxt`'s range (a regular chapter) and queue its preparation."""
+        self._submit((*nxt, self._end_for(*nxt, None, may_lead=False)))
 
     def consumed(self, epoch: int, world_size: int, step: int, rank: int) -> bool:
         """Rank `rank` needs nothing before global step `step` of `epoch` any more (it asked to
