@@ -199,8 +199,8 @@ class Feeder:
                 end = ends.get(start, end) if end is None else end
                 self._decide(ends, epoch, world_size, start, end, full.num_steps)
                 return end
-            lead = may_lead and self.cfg.data.lead_tokens
-            lead = lead and (epoch, world_size, start) not in self._follows
+            follows = (epoch, world_size, start) in self._follows
+        lead = self.cfg.data.lead_tokens if may_lead and not follows else None
         cuts = [start, chapter_end(bounds, start)]
         if lead:
             tokens = step_tokens(full)
