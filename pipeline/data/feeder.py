@@ -43,6 +43,7 @@ from pipeline.core.config import RunConfig
 from pipeline.core.epochs import epoch_plan_for
 from pipeline.core.plan import EpochPlan, RankView
 from pipeline.data.index import LengthIndex, filesystem_for
+from pipeline.data.local_sort import local_parts
 from pipeline.data.protocol import RankPart
 from pipeline.data.read import ReadSpec, plan_read_units, read_units
 from pipeline.data.retry import RetryPolicy
@@ -61,6 +62,8 @@ FEEDER_MAX_CONCURRENCY = 64
 # once they are used up the workers' requests fail, and the run with them, instead of waiting.
 FEEDER_MAX_RESTARTS = 4
 SORT_SHUFFLE_STRATEGY = "sort_shuffle_pull_based"
+# A lead-in's ranges of at most this many real tokens are read and ordered inside the feeder (`pipeline.data.local_sort`), skipping the Ray Data pass and its fixed costs.
+LOCAL_MAX_TOKENS = 2**24
 # Stats of the last preparations kept for `history()` (a few epochs' chapters).
 HISTORY = 256
 # Handles held by this (driver) process: a named actor without a handle would be reclaimed.
@@ -229,7 +232,16 @@ class Feeder:
         t_plan = time.perf_counter()
         parts: list = []
         refs: list[list] = [[] for _ in range(world_size)]
-        if plan.num_samples:
+        # a lead-in's range (ending before its chapter does), small enough to read here
+        lead_in = end_step < chapter_end(bounds, start_step) if start_step < epoch_steps else False
+        local = lead_in and 0 < int(plan.lengths.sum()) <= LOCAL_MAX_TOKENS
+        if local:
+            parts, retries = local_parts(
+                self.fs, self.spec, units, rank_rows, self._rows_per_block(plan)
+            )
+            if retries:
+                self.note_read_retries(key, retries)
+        elif plan.num_samples:
             parts = self._sorted_parts(plan, units, rank_rows, key)
         t_sort = time.perf_counter()
         if parts:
@@ -247,6 +259,8 @@ class Feeder:
             "steps": plan.num_steps,
             "rows_sorted": plan.num_samples,
             "row_groups_read": int(len(units["file_idx"])),
+            "tokens": int(plan.lengths.sum()),
+            "in_feeder": local,
             "plan_s": t_plan - t0,
             "sort_s": t_sort - t_plan,
             "split_s": t_split - t_sort,
@@ -297,14 +311,18 @@ class Feeder:
 
         Keys are 0..N-1, so these are exact and the sort needs no sampling pass.
         """
-        bytes_per_row = 4 * float(plan.lengths.mean()) + 32
-        rows_per_block = max(1, int(self.block_bytes // bytes_per_row))
+        rows_per_block = self._rows_per_block(plan)
         starts = np.concatenate([[0], np.cumsum(rank_rows)])
         cuts = [
             np.arange(s, e, rows_per_block) for s, e in zip(starts[:-1], starts[1:], strict=True)
         ]
         b = np.unique(np.concatenate([*cuts, starts[1:-1]]).astype(np.int64))
         return [int(x) for x in b if 0 < x < plan.num_samples]
+
+    def _rows_per_block(self, plan: EpochPlan) -> int:
+        """Rows of about block_bytes (int32 ids plus the key, sample id and offsets)."""
+        bytes_per_row = 4 * float(plan.lengths.mean()) + 32
+        return max(1, int(self.block_bytes // bytes_per_row))
 
     def prepare(self, epoch: int, world_size: int, start_step: int = 0) -> dict:
         """Prepare (or wait for) the parts of (epoch, world_size, start_step) to the end of its

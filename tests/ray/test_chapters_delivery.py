@@ -11,7 +11,13 @@ import numpy as np
 import pytest
 import ray
 
-from pipeline.core.chapters import chapters_from, lead_in_bounds, plan_chapter_bounds, step_tokens
+from pipeline.core.chapters import (
+    chapter_end,
+    chapters_from,
+    lead_in_bounds,
+    plan_chapter_bounds,
+    step_tokens,
+)
 from pipeline.data import (
     build_length_index,
     epoch_plan_for,
@@ -178,3 +184,6 @@ def test_a_lead_in_then_chapters_deliver_the_unchaptered_sequence(data, start):
     want += [(c.first_step, c.end_step) for c in chapters_from(bounds, int(cuts[-1]))]
     assert [(s["start_step"], s["end_step"]) for s in status] == want
     assert {s["plan_hash"] for s in status} == {plan.content_hash}
+    # a lead-in's ranges (ending before their chapter) are read in the feeder, chapters by Ray Data
+    lead_in = [e < chapter_end(bounds, a) for a, e in want]
+    assert [s["in_feeder"] for s in status] == lead_in and any(lead_in)
