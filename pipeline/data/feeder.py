@@ -9,8 +9,12 @@ offsets (keys are dense, so no sampling pass is needed), materializes, and `spli
 cuts one part per rank. The feeder is a named zero-CPU actor on the driver's node; it owns those
 blocks, starts the next chapter (or the next epoch's first) as soon as one is asked for, so the
 sort overlaps training, and drops a chapter once every rank has moved past it: about two chapters
-are held at a time, and the first step waits for one chapter, not an epoch. Resuming at (e, s)
-prepares the chapter holding s from s (`EpochPlan.slice`). A preparation that failed is dropped,
+are held at a time. Resuming at (e, s) prepares the chapter holding s from s (`EpochPlan.slice`).
+Where a request does not continue a range already decided (a cold start, a resume), a lead-in
+comes first (`chapters.lead_in_bounds`, data.lead_tokens): small ranges growing 4x up to the
+chapter's end, the smallest read and ordered in this process (`pipeline.data.local_sort`), so the
+first step waits for a few steps' rows, not a chapter. Each range's end is decided once per
+(epoch, world size, start step) and given to every rank. A preparation that failed is dropped,
 and the next request prepares again.
 Ray restarts a dead feeder from its constructor arguments, which hold everything an epoch needs;
 its blocks died with it, and the workers ask again (`pipeline.data.stream`).
@@ -31,6 +35,7 @@ import numpy as np
 import pyarrow.fs as pafs
 
 from pipeline.core.chapters import (
+    RangeBook,
     RankPositions,
     chapter_end,
     chapter_of,
@@ -127,11 +132,7 @@ class Feeder:
         self._retries: dict[tuple, int] = {}
         self._epochs: dict[tuple, tuple[EpochPlan, np.ndarray]] = {}  # see _epoch
         self._epoch_lock = threading.Lock()  # one thread plans an epoch, the others wait
-        # (epoch, world_size) -> {start step: end step} of every range decided (see _end_for)
-        self._ends: dict[tuple, dict[int, int]] = {}
-        # (epoch, world_size, step) where a decided range ends: a request there continues a
-        # stream (no lead-in); the last range of an epoch leads to (epoch + 1, world_size, 0)
-        self._follows: set[tuple] = set()
+        self._ranges = RangeBook()  # the range ends decided (see _end_for); under _lock
         self._positions = RankPositions()  # where each rank last asked to start
         self._peak_held_bytes = 0
         self._history: collections.deque = collections.deque(maxlen=HISTORY)
@@ -178,8 +179,8 @@ class Feeder:
                 self._epochs[key] = (plan, bounds)
                 for k in sorted(self._epochs)[:-2]:
                     del self._epochs[k]
-                    self._ends.pop(k, None)
-                    self._follows = {f for f in self._follows if f[:2] != k}
+                    with self._lock:
+                        self._ranges.forget(*k)
             return self._epochs[key]
 
     def _end_for(
@@ -194,29 +195,22 @@ class Feeder:
         end of the chapter holding `start`.
         """
         full, bounds = self._epoch(epoch, world_size)
-        if start >= full.num_steps:
+        steps = full.num_steps
+        if start >= steps:
             return start
         with self._lock:
-            ends = self._ends.setdefault((epoch, world_size), {})
-            if end is not None or start in ends:
-                end = ends.get(start, end) if end is None else end
-                self._decide(ends, epoch, world_size, start, end, full.num_steps)
-                return end
-            follows = (epoch, world_size, start) in self._follows
+            decided = self._ranges.end(epoch, world_size, start)
+            if end is not None or decided is not None:
+                self._ranges.record(epoch, world_size, [start, end or decided], steps)
+                return end or decided
+            follows = self._ranges.continues(epoch, world_size, start)
         lead = self.cfg.data.lead_tokens if may_lead and not follows else None
         cuts = [start, chapter_end(bounds, start)]
         if lead:
             tokens = step_tokens(full)
-            cuts = lead_in_bounds(tokens, bounds, start, lead, first_step=full.first_step).tolist()
+            cuts = lead_in_bounds(tokens, bounds, start, lead, first_step=full.first_step)
         with self._lock:
-            for a, b in zip(cuts[:-1], cuts[1:], strict=True):
-                self._decide(ends, epoch, world_size, a, b, full.num_steps)
-            return ends[start]
-
-    def _decide(self, ends: dict, epoch: int, world_size: int, a: int, b: int, steps: int):
-        """Record range [a, b) unless one from `a` was decided; under the lock."""
-        if ends.setdefault(a, b) == b:
-            self._follows.add((epoch, world_size, b) if b < steps else (epoch + 1, world_size, 0))
+            return self._ranges.record(epoch, world_size, cuts, steps)
 
     def _prepare(self, epoch: int, world_size: int, start_step: int, end_step: int) -> _Prepared:
         key = (epoch, world_size, start_step, end_step)

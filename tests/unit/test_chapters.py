@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from pipeline.core.chapters import (
     DEFAULT_CHAPTER_TOKENS,
     Chapter,
+    RangeBook,
     RankPositions,
     chapter_bounds,
     chapter_of,
@@ -199,3 +200,18 @@ def test_a_chapter_is_needed_until_every_rank_of_the_world_has_passed_it():
     assert pos.passed(0, 10) and not pos.passed(0, 11)  # (epoch, step) order
     pos.move(1, 3, 0, rank=0)  # a resized world: nobody else has spoken yet
     assert not pos.passed(0, 0)
+
+
+def test_range_ends_are_decided_once_and_a_decided_end_continues_the_stream():
+    book = RangeBook()
+    assert book.end(0, 2, 0) is None and not book.continues(0, 2, 0)  # cold: may lead in
+    assert book.record(0, 2, [0, 3, 10, 40], epoch_steps=50) == 3
+    assert [book.end(0, 2, s) for s in (0, 3, 10)] == [3, 10, 40]
+    assert book.continues(0, 2, 40) and not book.continues(0, 2, 41)  # a resume at 41 leads in
+    # a second decision from a decided start keeps the first (every rank gets the same end)
+    assert book.record(0, 2, [3, 40], epoch_steps=50) == 10
+    assert book.record(0, 2, [40, 50], epoch_steps=50) == 50
+    assert book.continues(1, 2, 0) and not book.continues(1, 3, 0)  # next epoch, same world
+    book.forget(0, 2)
+    assert book.end(0, 2, 0) is None and not book.continues(0, 2, 40)
+    assert book.continues(1, 2, 0)  # belongs to epoch 1
