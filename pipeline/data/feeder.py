@@ -3,8 +3,8 @@
 An epoch's global steps are cut into chapters (`pipeline.core.chapters`: at most
 data.chapter_tokens real tokens or data.chapter_steps steps each), and each chapter is prepared on
 its own: its plan (the epoch's, restricted to its steps) gives every sample a key (rank-major,
-then step, then slot); a Ray Data pass reads only the row groups holding the chapter's samples
-(`pipeline.data.read`), sorts by key across the cluster with range boundaries at the ranks' row
+then step, then slot); a Ray Data pass (`pipeline.data.sort_pass`) reads only the row groups
+holding the chapter's samples (`pipeline.data.read`), sorts by key across the cluster with range boundaries at the ranks' row
 offsets (keys are dense, so no sampling pass is needed), materializes, and `split_at_indices`
 cuts one part per rank. The feeder is a named zero-CPU actor on the driver's node; it owns those
 blocks, starts the next chapter (or the next epoch's first) as soon as one is asked for, so the
@@ -23,7 +23,6 @@ its blocks died with it, and the workers ask again (`pipeline.data.stream`).
 from __future__ import annotations
 
 import collections
-import functools
 import logging
 import threading
 import time
@@ -50,8 +49,9 @@ from pipeline.core.plan import EpochPlan, RankView
 from pipeline.data.index import LengthIndex, filesystem_for
 from pipeline.data.local_sort import local_parts
 from pipeline.data.protocol import RankPart
-from pipeline.data.read import ReadSpec, plan_read_units, read_units
+from pipeline.data.read import ReadSpec, plan_read_units
 from pipeline.data.retry import RetryPolicy
+from pipeline.data.sort_pass import rows_per_block, sorted_parts
 
 __all__ = ["Feeder", "start_feeder", "stop_feeder", "FEEDER_MAX_CONCURRENCY"]
 
@@ -83,13 +83,6 @@ class _Prepared:
     refs: list[list]  # per rank: ordered block refs of its part
     parts: list  # MaterializedDatasets, kept so their blocks stay alive
     stats: dict
-
-
-def _note_retries(feeder, key: tuple, n: int) -> None:
-    """Called by read tasks: count their retries on the feeder before the task returns."""
-    import ray
-
-    ray.get(feeder.note_read_retries.remote(key, n))
 
 
 class Feeder:
@@ -229,14 +222,13 @@ class Feeder:
         # a lead-in's range (ending before its chapter does), small enough to read here
         lead_in = end_step < chapter_end(bounds, start_step) if start_step < epoch_steps else False
         local = lead_in and 0 < int(plan.lengths.sum()) <= LOCAL_MAX_TOKENS
+        block_rows = rows_per_block(plan, self.block_bytes) if plan.num_samples else 1
         if local:
-            parts, retries = local_parts(
-                self.fs, self.spec, units, rank_rows, self._rows_per_block(plan)
-            )
+            parts, retries = local_parts(self.fs, self.spec, units, rank_rows, block_rows)
             if retries:
                 self.note_read_retries(key, retries)
         elif plan.num_samples:
-            parts = self._sorted_parts(plan, units, rank_rows, key)
+            parts = sorted_parts(self.fs, self.spec, plan, units, rank_rows, block_rows, key)
         t_sort = time.perf_counter()
         if parts:
             refs = [p.to_arrow_refs() for p in parts]
@@ -274,49 +266,6 @@ class Feeder:
             parts=parts,
             stats=stats,
         )
-
-    def _sorted_parts(self, plan: EpochPlan, units: dict, rank_rows: np.ndarray, key: tuple):
-        """Read the planned rows, sort them by key, materialize, split per rank."""
-        import ray
-        import ray.data
-
-        items = [
-            {"u": j, "file_idx": int(f), "row_group": int(g)}
-            for j, (f, g) in enumerate(zip(units["file_idx"], units["row_group"], strict=True))
-        ]
-        me = ray.get_runtime_context().current_actor
-        ds = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
-            read_units,
-            batch_size=1,
-            batch_format="pyarrow",
-            fn_kwargs={
-                "fs": self.fs,
-                "units_ref": [ray.put(units)],
-                "spec": self.spec,
-                "on_retries": functools.partial(_note_retries, me, key),
-            },
-        )
-        ds = ds.sort("key", boundaries=self._boundaries(plan, rank_rows)).materialize()
-        cuts = [int(c) for c in np.cumsum(rank_rows)[:-1]]
-        return ds.split_at_indices(cuts) if cuts else [ds]
-
-    def _boundaries(self, plan: EpochPlan, rank_rows: np.ndarray) -> list[int]:
-        """Range-partition boundaries: every rank start, plus cuts for ~block_bytes blocks.
-
-        Keys are 0..N-1, so these are exact and the sort needs no sampling pass.
-        """
-        rows_per_block = self._rows_per_block(plan)
-        starts = np.concatenate([[0], np.cumsum(rank_rows)])
-        cuts = [
-            np.arange(s, e, rows_per_block) for s, e in zip(starts[:-1], starts[1:], strict=True)
-        ]
-        b = np.unique(np.concatenate([*cuts, starts[1:-1]]).astype(np.int64))
-        return [int(x) for x in b if 0 < x < plan.num_samples]
-
-    def _rows_per_block(self, plan: EpochPlan) -> int:
-        """Rows of about block_bytes (int32 ids plus the key, sample id and offsets)."""
-        bytes_per_row = 4 * float(plan.lengths.mean()) + 32
-        return max(1, int(self.block_bytes // bytes_per_row))
 
     def prepare(self, epoch: int, world_size: int, start_step: int = 0) -> dict:
         """Prepare (or wait for) the parts of (epoch, world_size, start_step) to the end of its
