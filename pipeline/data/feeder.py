@@ -251,6 +251,7 @@ class Feeder:
             "sort_s": t_sort - t_plan,
             "split_s": t_split - t_sort,
             "plan_hash": full_hash,
+            "done_at": time.time(),  # wall clock, to line preparations up with their consumers
         }
         with self._lock:
             stats["read_retries"] = self._retries.get(key, 0)
