@@ -318,6 +318,16 @@ class Feeder:
             epoch_steps=steps,
         )
 
+    def start_at(self, epoch: int, world_size: int, start_step: int = 0) -> int:
+        """Start preparing the range a stream starting at (epoch, start_step) will ask for (a
+        lead-in's first, decided as that request would), without waiting: called by the driver
+        right after starting the feeder, the read overlaps the workers' start-up. Returns the
+        range's end step."""
+        end = self._end_for(epoch, world_size, start_step, None, may_lead=True)
+        if start_step < end:
+            self._submit((epoch, world_size, start_step, end))
+        return end
+
     def _prefetch(self, nxt: tuple) -> None:
         """Decide `nxt`'s range (a regular chapter) and queue its preparation."""
         self._submit((*nxt, self._end_for(*nxt, None, may_lead=False)))

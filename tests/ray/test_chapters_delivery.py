@@ -187,3 +187,28 @@ def test_a_lead_in_then_chapters_deliver_the_unchaptered_sequence(data, start):
     # a lead-in's ranges (ending before their chapter) are read in the feeder, chapters by Ray Data
     lead_in = [e < chapter_end(bounds, a) for a, e in want]
     assert [s["in_feeder"] for s in status] == lead_in and any(lead_in)
+
+
+def test_a_range_started_ahead_is_the_one_the_ranks_ask_for(data):
+    """The driver's start_at (made while the workers start) prepares the lead-in's first range:
+    the ranks' first request finds it, and the sequence is the unchaptered one."""
+    world, start = 2, CHAPTER_STEPS + 4
+    plan = data.plan(0, world)
+    cuts = lead_in_bounds(step_tokens(plan), data.bounds(plan), start, LEAD)
+    name = data.feeder(data.lead_cfg)
+    try:
+        assert ray.get(ray.get_actor(name).start_at.remote(0, world, start)) == cuts[1]
+        got = [
+            list(rank_batches(name, epoch=0, start_step=start, rank=r, world_size=world))
+            for r in range(world)
+        ]
+        status = ray.get(ray.get_actor(name).history.remote())
+    finally:
+        stop_feeder(name)
+    assert [(s["start_step"], s["end_step"]) for s in status[:2]] == [
+        (start, cuts[1]),
+        (cuts[1], cuts[2]),
+    ]  # prepared once, first, for both ranks
+    for r, stream in enumerate(got):
+        ids = np.concatenate([mb.sample_ids for mb in stream])
+        assert np.array_equal(ids, plan.slice(start).rank_view(r).sample_ids)
