@@ -62,7 +62,7 @@ class SuiteOptions:
     # Time to the first step, cold and after a restart mid-chapter, and the delivery rates past
     # it (pipeline.bench.first_step), with the data section's defaults unless overridden here.
     first_step_samples: list[int] = field(default_factory=lambda: [100_000, 902_087])
-    first_step_chapters: int = 3  # regular chapters the cold run goes through
+    first_step_chapters: int = 2  # chapters the cold run goes through (the next is prefetched)
     first_step_data: dict = field(default_factory=dict)
     work_dir: str = "out/bench"
     gpu_metrics: str = GPU_METRICS
