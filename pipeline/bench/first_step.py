@@ -201,7 +201,7 @@ def measure_first_steps(
     consumers: int = 2,
     *,
     shards: int = 8,
-    chapters: int = 3,
+    chapters: int = 2,
     resume_steps: int = 8,
     vocab_size: int = 512,
     token_budget: int = 65_536,
