@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pipeline.bench.fullbatch import render_budget
 from pipeline.bench.plots import TEAM_KTOK_S, TEAM_MEASURED
+from pipeline.bench.render_first_step import section_first_steps
 from pipeline.bench.render_quality import _section_quality
 from pipeline.bench.render_training import _section_training
 from pipeline.bench.render_util import (
@@ -283,7 +284,7 @@ def _section_delivery(r: dict) -> list[str]:
                 for x, c in chapters
             ],
         )
-    return out
+    return out + section_first_steps(d.get("first_steps", []))
 
 
 def _section_run(r: dict) -> list[str]:

@@ -59,6 +59,11 @@ class SuiteOptions:
     full_delivery_repeats: int = 1  # epochs at 902K: each sorts ~1 GB (~80 s on 2 cores)
     # Below 902K: one cold epoch whole and one in chapters of this many tokens (None: skip).
     delivery_chapter_tokens: int | None = 2**25
+    # Time to the first step, cold and after a restart mid-chapter, and the delivery rates past
+    # it (pipeline.bench.first_step), with the data section's defaults unless overridden here.
+    first_step_samples: list[int] = field(default_factory=lambda: [100_000, 902_087])
+    first_step_chapters: int = 2  # chapters the cold run goes through (the next is prefetched)
+    first_step_data: dict = field(default_factory=dict)
     work_dir: str = "out/bench"
     gpu_metrics: str = GPU_METRICS
     quick: bool = False
@@ -78,6 +83,9 @@ class SuiteOptions:
             delivery_samples=[5_000],
             delivery_repeats=1,
             delivery_chapter_tokens=2**20,
+            first_step_samples=[5_000],
+            first_step_chapters=2,
+            first_step_data={"chapter_tokens": 2**21, "lead_tokens": 2**15},
             quick=True,
         )
         return cls(**(base | kw))
@@ -243,7 +251,27 @@ def section_delivery(opts: SuiteOptions, log: Callable[[str], None]) -> dict:
             )
         r["wall_s"] = time.perf_counter() - t
         runs[str(n)] = r
-    return {"runs": runs}
+    return {"runs": runs, "first_steps": _first_steps(opts, log)}
+
+
+def _first_steps(opts: SuiteOptions, log: Callable[[str], None]) -> list[dict]:
+    from pipeline.bench.first_step import measure_first_steps
+
+    out = []
+    for n in opts.first_step_samples:
+        shards = 32 if n >= PRESETS["seed902k"] else 8
+        log(f"delivery: {n:,} samples, time to the first step cold and after a restart")
+        t = time.perf_counter()
+        r = measure_first_steps(
+            n,
+            2,
+            shards=shards,
+            chapters=opts.first_step_chapters,
+            data=opts.first_step_data,
+            data_dir=f"data/bench/seed902k-{n}-{shards}",
+        )
+        out.append(r | {"wall_s": time.perf_counter() - t})
+    return out
 
 
 def section_gpu(path: str) -> dict:

@@ -127,6 +127,13 @@ class DataConfig(_Section):
     chapter_steps: PositiveInt | None = Field(
         None, description="Most global steps one chapter may hold. Null: no limit."
     )
+    lead_tokens: PositiveInt | None = Field(
+        2**22,
+        description="Lead-in: where nothing is prepared yet (a cold start, a resume), the first "
+        "range served holds at most this many real tokens and each next one 4 times more, up to "
+        "the chapter's end, so the first step waits for a small read. Null: the first step "
+        "waits for its whole chapter.",
+    )
 
     # The data source: one group or the other (an override of one drops the other's fields).
     exclusive_groups: ClassVar[tuple[frozenset[str], ...]] = (

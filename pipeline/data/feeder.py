@@ -3,14 +3,18 @@
 An epoch's global steps are cut into chapters (`pipeline.core.chapters`: at most
 data.chapter_tokens real tokens or data.chapter_steps steps each), and each chapter is prepared on
 its own: its plan (the epoch's, restricted to its steps) gives every sample a key (rank-major,
-then step, then slot); a Ray Data pass reads only the row groups holding the chapter's samples
-(`pipeline.data.read`), sorts by key across the cluster with range boundaries at the ranks' row
+then step, then slot); a Ray Data pass (`pipeline.data.sort_pass`) reads only the row groups
+holding the chapter's samples (`pipeline.data.read`), sorts by key across the cluster with range boundaries at the ranks' row
 offsets (keys are dense, so no sampling pass is needed), materializes, and `split_at_indices`
 cuts one part per rank. The feeder is a named zero-CPU actor on the driver's node; it owns those
 blocks, starts the next chapter (or the next epoch's first) as soon as one is asked for, so the
 sort overlaps training, and drops a chapter once every rank has moved past it: about two chapters
-are held at a time, and the first step waits for one chapter, not an epoch. Resuming at (e, s)
-prepares the chapter holding s from s (`EpochPlan.slice`). A preparation that failed is dropped,
+are held at a time. Resuming at (e, s) prepares the chapter holding s from s (`EpochPlan.slice`).
+Where a request does not continue a range already decided (a cold start, a resume), a lead-in
+comes first (`chapters.lead_in_bounds`, data.lead_tokens): small ranges growing 4x up to the
+chapter's end, the smallest read and ordered in this process (`pipeline.data.local_sort`), so the
+first step waits for a few steps' rows, not a chapter. Each range's end is decided once per
+(epoch, world size, start step) and given to every rank. A preparation that failed is dropped,
 and the next request prepares again.
 Ray restarts a dead feeder from its constructor arguments, which hold everything an epoch needs;
 its blocks died with it, and the workers ask again (`pipeline.data.stream`).
@@ -19,7 +23,6 @@ its blocks died with it, and the workers ask again (`pipeline.data.stream`).
 from __future__ import annotations
 
 import collections
-import functools
 import logging
 import threading
 import time
@@ -31,19 +34,24 @@ import numpy as np
 import pyarrow.fs as pafs
 
 from pipeline.core.chapters import (
+    RangeBook,
     RankPositions,
     chapter_end,
     chapter_of,
     chapter_plan,
+    lead_in_bounds,
     plan_chapter_bounds,
+    step_tokens,
 )
 from pipeline.core.config import RunConfig
 from pipeline.core.epochs import epoch_plan_for
 from pipeline.core.plan import EpochPlan, RankView
 from pipeline.data.index import LengthIndex, filesystem_for
+from pipeline.data.local_sort import local_parts
 from pipeline.data.protocol import RankPart
-from pipeline.data.read import ReadSpec, plan_read_units, read_units
+from pipeline.data.read import ReadSpec, plan_read_units
 from pipeline.data.retry import RetryPolicy
+from pipeline.data.sort_pass import rows_per_block, sorted_parts
 
 __all__ = ["Feeder", "start_feeder", "stop_feeder", "FEEDER_MAX_CONCURRENCY"]
 
@@ -59,6 +67,8 @@ FEEDER_MAX_CONCURRENCY = 64
 # once they are used up the workers' requests fail, and the run with them, instead of waiting.
 FEEDER_MAX_RESTARTS = 4
 SORT_SHUFFLE_STRATEGY = "sort_shuffle_pull_based"
+# A lead-in's ranges of at most this many real tokens are read and ordered inside the feeder (`pipeline.data.local_sort`), skipping the Ray Data pass and its fixed costs.
+LOCAL_MAX_TOKENS = 2**24
 # Stats of the last preparations kept for `history()` (a few epochs' chapters).
 HISTORY = 256
 # Handles held by this (driver) process: a named actor without a handle would be reclaimed.
@@ -73,13 +83,6 @@ class _Prepared:
     refs: list[list]  # per rank: ordered block refs of its part
     parts: list  # MaterializedDatasets, kept so their blocks stay alive
     stats: dict
-
-
-def _note_retries(feeder, key: tuple, n: int) -> None:
-    """Called by read tasks: count their retries on the feeder before the task returns."""
-    import ray
-
-    ray.get(feeder.note_read_retries.remote(key, n))
 
 
 class Feeder:
@@ -121,6 +124,8 @@ class Feeder:
         self._jobs: dict[tuple, Future] = {}
         self._retries: dict[tuple, int] = {}
         self._epochs: dict[tuple, tuple[EpochPlan, np.ndarray]] = {}  # see _epoch
+        self._epoch_lock = threading.Lock()  # one thread plans an epoch, the others wait
+        self._ranges = RangeBook()  # the range ends decided (see _end_for); under _lock
         self._positions = RankPositions()  # where each rank last asked to start
         self._peak_held_bytes = 0
         self._history: collections.deque = collections.deque(maxlen=HISTORY)
@@ -155,25 +160,57 @@ class Feeder:
 
     def _epoch(self, epoch: int, world_size: int) -> tuple[EpochPlan, np.ndarray]:
         """The epoch's plan and chapter bounds (of the full plan, so a resume keeps them),
-        memoised for two epochs; only the preparing thread calls this."""
+        memoised for two epochs."""
         key = (epoch, world_size)
-        if key not in self._epochs:
-            plan = epoch_plan_for(self.cfg, self.index, self.edges, epoch, world_size)
-            d = self.cfg.data
-            self._epochs[key] = (
-                plan,
-                plan_chapter_bounds(plan, max_steps=d.chapter_steps, max_tokens=d.chapter_tokens),
-            )
-            for k in sorted(self._epochs)[:-2]:
-                del self._epochs[k]
-        return self._epochs[key]
+        with self._epoch_lock:
+            if key not in self._epochs:
+                plan = epoch_plan_for(self.cfg, self.index, self.edges, epoch, world_size)
+                d = self.cfg.data
+                bounds = plan_chapter_bounds(
+                    plan, max_steps=d.chapter_steps, max_tokens=d.chapter_tokens
+                )
+                self._epochs[key] = (plan, bounds)
+                for k in sorted(self._epochs)[:-2]:
+                    del self._epochs[k]
+                    with self._lock:
+                        self._ranges.forget(*k)
+            return self._epochs[key]
 
-    def _prepare(self, epoch: int, world_size: int, start_step: int) -> _Prepared:
-        key = (epoch, world_size, start_step)
+    def _end_for(
+        self, epoch: int, world_size: int, start: int, end: int | None, *, may_lead: bool
+    ) -> int:
+        """The end step of the range served from `start`, the same for every rank.
+
+        `end`, when given (a worker asking again for the range it had), is kept. Otherwise the
+        range decided earlier for `start`; else, for a worker's request (`may_lead`) that does
+        not continue a decided range (a cold start, a resume), the first range of a lead-in
+        (`lead_in_bounds`, data.lead_tokens), whose later cuts are decided with it; else the
+        end of the chapter holding `start`.
+        """
+        full, bounds = self._epoch(epoch, world_size)
+        steps = full.num_steps
+        if start >= steps:
+            return start
+        with self._lock:
+            decided = self._ranges.end(epoch, world_size, start)
+            if end is not None or decided is not None:
+                self._ranges.record(epoch, world_size, [start, end or decided], steps)
+                return end or decided
+            follows = self._ranges.continues(epoch, world_size, start)
+        lead = self.cfg.data.lead_tokens if may_lead and not follows else None
+        cuts = [start, chapter_end(bounds, start)]
+        if lead:
+            tokens = step_tokens(full)
+            cuts = lead_in_bounds(tokens, bounds, start, lead, first_step=full.first_step)
+        with self._lock:
+            return self._ranges.record(epoch, world_size, cuts, steps)
+
+    def _prepare(self, epoch: int, world_size: int, start_step: int, end_step: int) -> _Prepared:
+        key = (epoch, world_size, start_step, end_step)
         t0 = time.perf_counter()
         full, bounds = self._epoch(epoch, world_size)
         full_hash = full.content_hash
-        end_step, epoch_steps = chapter_end(bounds, start_step), full.num_steps
+        epoch_steps = full.num_steps
         plan = chapter_plan(full, start_step, end_step)
         keys, rank_rows = plan.sort_keys()
         units = plan_read_units(self.index, plan.sample_ids, keys)
@@ -182,8 +219,16 @@ class Feeder:
         t_plan = time.perf_counter()
         parts: list = []
         refs: list[list] = [[] for _ in range(world_size)]
-        if plan.num_samples:
-            parts = self._sorted_parts(plan, units, rank_rows, key)
+        # a lead-in's range (ending before its chapter does), small enough to read here
+        lead_in = end_step < chapter_end(bounds, start_step) if start_step < epoch_steps else False
+        local = lead_in and 0 < int(plan.lengths.sum()) <= LOCAL_MAX_TOKENS
+        block_rows = rows_per_block(plan, self.block_bytes) if plan.num_samples else 1
+        if local:
+            parts, retries = local_parts(self.fs, self.spec, units, rank_rows, block_rows)
+            if retries:
+                self.note_read_retries(key, retries)
+        elif plan.num_samples:
+            parts = sorted_parts(self.fs, self.spec, plan, units, rank_rows, block_rows, key)
         t_sort = time.perf_counter()
         if parts:
             refs = [p.to_arrow_refs() for p in parts]
@@ -200,10 +245,13 @@ class Feeder:
             "steps": plan.num_steps,
             "rows_sorted": plan.num_samples,
             "row_groups_read": int(len(units["file_idx"])),
+            "tokens": int(plan.lengths.sum()),
+            "in_feeder": local,
             "plan_s": t_plan - t0,
             "sort_s": t_sort - t_plan,
             "split_s": t_split - t_sort,
             "plan_hash": full_hash,
+            "done_at": time.time(),  # wall clock, to line preparations up with their consumers
         }
         with self._lock:
             stats["read_retries"] = self._retries.get(key, 0)
@@ -220,68 +268,38 @@ class Feeder:
             stats=stats,
         )
 
-    def _sorted_parts(self, plan: EpochPlan, units: dict, rank_rows: np.ndarray, key: tuple):
-        """Read the planned rows, sort them by key, materialize, split per rank."""
-        import ray
-        import ray.data
-
-        items = [
-            {"u": j, "file_idx": int(f), "row_group": int(g)}
-            for j, (f, g) in enumerate(zip(units["file_idx"], units["row_group"], strict=True))
-        ]
-        me = ray.get_runtime_context().current_actor
-        ds = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
-            read_units,
-            batch_size=1,
-            batch_format="pyarrow",
-            fn_kwargs={
-                "fs": self.fs,
-                "units_ref": [ray.put(units)],
-                "spec": self.spec,
-                "on_retries": functools.partial(_note_retries, me, key),
-            },
-        )
-        ds = ds.sort("key", boundaries=self._boundaries(plan, rank_rows)).materialize()
-        cuts = [int(c) for c in np.cumsum(rank_rows)[:-1]]
-        return ds.split_at_indices(cuts) if cuts else [ds]
-
-    def _boundaries(self, plan: EpochPlan, rank_rows: np.ndarray) -> list[int]:
-        """Range-partition boundaries: every rank start, plus cuts for ~block_bytes blocks.
-
-        Keys are 0..N-1, so these are exact and the sort needs no sampling pass.
-        """
-        bytes_per_row = 4 * float(plan.lengths.mean()) + 32
-        rows_per_block = max(1, int(self.block_bytes // bytes_per_row))
-        starts = np.concatenate([[0], np.cumsum(rank_rows)])
-        cuts = [
-            np.arange(s, e, rows_per_block) for s, e in zip(starts[:-1], starts[1:], strict=True)
-        ]
-        b = np.unique(np.concatenate([*cuts, starts[1:-1]]).astype(np.int64))
-        return [int(x) for x in b if 0 < x < plan.num_samples]
-
     def prepare(self, epoch: int, world_size: int, start_step: int = 0) -> dict:
-        """Prepare (or wait for) the parts of (epoch, world_size, start_step); returns timings."""
-        return self._prepared((epoch, world_size, start_step)).stats
+        """Prepare (or wait for) the parts of (epoch, world_size, start_step) to the end of its
+        range (a chapter's, unless a lead-in decided otherwise); returns timings."""
+        end = self._end_for(epoch, world_size, start_step, None, may_lead=False)
+        return self._prepared((epoch, world_size, start_step, end)).stats
 
     def part(
-        self, epoch: int, world_size: int, start_step: int, rank: int, stale: str | None = None
+        self,
+        epoch: int,
+        world_size: int,
+        start_step: int,
+        rank: int,
+        stale: str | None = None,
+        end_step: int | None = None,
     ) -> RankPart:
-        """Rank `rank`'s part of the chapter holding `start_step`, from `start_step` to the
-        chapter's end. Once every rank has asked for this chapter (so none needs an earlier
-        one), the next chapter (or the next epoch's first) starts preparing: about two chapters
-        are held at once. `stale`: a prep_id whose blocks a worker found lost, prepared again
-        instead of handed out twice."""
-        prep = self._prepared((epoch, world_size, start_step), stale)
-        end, steps = prep.stats["end_step"], prep.stats["epoch_steps"]
+        """Rank `rank`'s part of the range from `start_step`: to its chapter's end, or, where
+        nothing was prepared, a lead-in's first range (`_end_for`). Once every rank has asked
+        for this range (so none needs an earlier one), the next one (or the next epoch's first
+        chapter) starts preparing: about two chapters are held at once. `stale`: a prep_id
+        whose blocks a worker found lost, prepared again instead of handed out twice;
+        `end_step`: the end that worker had, kept so it can skip what it already delivered."""
+        end = self._end_for(epoch, world_size, start_step, end_step, may_lead=True)
+        prep = self._prepared((epoch, world_size, start_step, end), stale)
+        steps = prep.stats["epoch_steps"]
         everyone_here = self.consumed(epoch, world_size, start_step, rank)
-        if end < steps:
-            nxt = (epoch, world_size, end)
-        elif epoch + 1 < self.cfg.train.epochs:  # no sort nobody will read
-            nxt = (epoch + 1, world_size, 0)
-        else:
-            nxt = None
-        if self.prefetch and everyone_here and nxt is not None:
-            self._submit(nxt)
+        if self.prefetch and everyone_here:
+            if end < steps:
+                nxt = (epoch, world_size, end)
+                self._submit((*nxt, self._end_for(*nxt, None, may_lead=False)))
+            elif epoch + 1 < self.cfg.train.epochs:  # no sort nobody will read
+                # planned on the preparing thread, not in this rank's request
+                self._pool.submit(self._prefetch, (epoch + 1, world_size, 0))
         return RankPart(
             epoch=epoch,
             world_size=world_size,
@@ -299,6 +317,20 @@ class Feeder:
             end_step=end,
             epoch_steps=steps,
         )
+
+    def start_at(self, epoch: int, world_size: int, start_step: int = 0) -> int:
+        """Start preparing the range a stream starting at (epoch, start_step) will ask for (a
+        lead-in's first, decided as that request would), without waiting: called by the driver
+        right after starting the feeder, the read overlaps the workers' start-up. Returns the
+        range's end step."""
+        end = self._end_for(epoch, world_size, start_step, None, may_lead=True)
+        if start_step < end:
+            self._submit((epoch, world_size, start_step, end))
+        return end
+
+    def _prefetch(self, nxt: tuple) -> None:
+        """Decide `nxt`'s range (a regular chapter) and queue its preparation."""
+        self._submit((*nxt, self._end_for(*nxt, None, may_lead=False)))
 
     def consumed(self, epoch: int, world_size: int, step: int, rank: int) -> bool:
         """Rank `rank` needs nothing before global step `step` of `epoch` any more (it asked to

@@ -1,11 +1,12 @@
 """A rank's micro-batch stream inside a Ray Train worker: ask the feeder, fetch blocks, pad.
 
 The worker asks the feeder for its part of (epoch, world size, start step) -- the rows of the
-chapter holding the start step, from there to the chapter's end -- checks the answer
+chapter holding the start step, from there to the chapter's end, or where nothing was prepared
+(a cold start, a resume) a small lead-in range the feeder chose -- checks the answer
 (`RankPart.check`: the request it answers and, given the run's plan hash, the plan), fetches the
 part's blocks in order while the previous one is padded, and re-chunks them (`rechunk.deliver`).
-At the chapter's end it tells the feeder it is done with it and asks for the next chapter, until
-the epoch's last step. If the feeder dies, its blocks die with it (it owns them): Ray restarts
+At the part's end it tells the feeder it is done with it and asks for the next range, until the
+epoch's last step. If the feeder dies, its blocks die with it (it owns them): Ray restarts
 the feeder, and the stream asks again for the same part, skips the micro-batches it already
 yielded and goes on, so the sequence is the one an undisturbed stream gives. Every rank asks for
 the same key, so the restarted feeder sorts the chapter once for all of them.
@@ -85,10 +86,13 @@ def _chapter_batches(
     import ray
     from ray.exceptions import ObjectLostError, RayActorError
 
-    yielded, stale = 0, None
+    yielded, stale, end = 0, None, None
     for loss in range(MAX_FEEDER_LOSSES + 1):
         try:
-            part: RankPart = ray.get(feeder.part.remote(epoch, world_size, start_step, rank, stale))
+            # Asked again (after a loss) with the end it had, so what it already yielded is in it.
+            part: RankPart = ray.get(
+                feeder.part.remote(epoch, world_size, start_step, rank, stale, end)
+            )
             part.check(
                 epoch=epoch,
                 world_size=world_size,
@@ -96,7 +100,7 @@ def _chapter_batches(
                 rank=rank,
                 plan_hash=plan_hash,
             )
-            stale = part.prep_id
+            stale, end = part.prep_id, part.end_step
             for mb in deliver(
                 part.view,
                 _prefetched_blocks(part.refs),

@@ -45,6 +45,7 @@ from pipeline.train.preflight import (
 from pipeline.train.resume_check import (
     check_resume_on_driver,
     data_file_digests,
+    latest_position,
     truncation_metrics,
     truncation_note,
 )
@@ -265,6 +266,11 @@ def run(cfg: RunConfig, *, address: str | None = None) -> TrainSummary:
         flag = create_stop_flag(stop_flag_name(cfg.checkpoint.run_name))
         feeder_name = f"bucketray-feeder-{cfg.checkpoint.run_name}-{uuid.uuid4().hex[:8]}"
         feeder = start_feeder(cfg, index, edges, name=feeder_name, path=path)
+        if cfg.scaling.min_workers is None:  # the world size is known: read while workers start
+            found = latest_position(fs, rdir)
+            at = (found[1].epoch, found[1].next_step) if found else (0, 0)
+            if at[0] < len(epochs):
+                feeder.start_at.remote(at[0], cfg.scaling.num_workers, at[1])
         try:
             result = _fit(cfg, _loop_inputs(cfg, feeder_name, edges, steps, epochs, files), flag)
         finally:

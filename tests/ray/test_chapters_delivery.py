@@ -11,7 +11,13 @@ import numpy as np
 import pytest
 import ray
 
-from pipeline.core.chapters import plan_chapter_bounds
+from pipeline.core.chapters import (
+    chapter_end,
+    chapters_from,
+    lead_in_bounds,
+    plan_chapter_bounds,
+    step_tokens,
+)
 from pipeline.data import (
     build_length_index,
     epoch_plan_for,
@@ -25,6 +31,7 @@ from tests.ray.test_data_delivery import base_cfg, write_corpus
 pytestmark = pytest.mark.ray
 
 CHAPTER_STEPS = 9
+LEAD = 40  # tokens: about one step of this corpus
 TENSORS = ("input_ids", "attention_mask", "labels", "position_ids")
 
 
@@ -35,6 +42,12 @@ class Data:
         self.tokens = write_corpus(self.path, lengths, shards=3, rows_per_group=50)
         self.cfg = base_cfg(self.path, train={"epochs": 2}, data={"chapter_steps": CHAPTER_STEPS})
         self.whole_cfg = base_cfg(self.path, train={"epochs": 2}, data={"chapter_tokens": None})
+        # a lead-in of at most LEAD tokens, then 4x, ... up to the chapter's end
+        self.lead_cfg = base_cfg(
+            self.path,
+            train={"epochs": 2},
+            data={"chapter_steps": CHAPTER_STEPS, "lead_tokens": LEAD},
+        )
         self.index = build_length_index(self.cfg)
         self.edges = resolve_edges(self.cfg, self.index.lengths)
 
@@ -125,6 +138,7 @@ def _held(name):
 
 def test_chapters_are_prepared_ahead_and_dropped_once_every_rank_passed_them(data):
     world = 2
+    nxt = int(data.bounds(data.plan(1, world))[1])
     name = data.feeder(data.cfg, prefetch=True)
     try:
         gens = [
@@ -142,12 +156,59 @@ def test_chapters_are_prepared_ahead_and_dropped_once_every_rank_passed_them(dat
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             m = _held(name)
-            if [tuple(k) for k in m["held"]] == [(1, world, 0)]:
+            if [tuple(k) for k in m["held"]] == [(1, world, 0, nxt)]:
                 break
             time.sleep(0.2)
-        assert [tuple(k) for k in m["held"]] == [(1, world, 0)], m
+        # (epoch, world, start, end): the whole chapter, not a lead-in, as it was prefetched
+        assert [tuple(k) for k in m["held"]] == [(1, world, 0, nxt)], m
         stats = ray.get(ray.get_actor(name).history.remote())
         chapter_bytes = max(s["bytes"] for s in stats)
         assert 0 < m["peak_held_bytes"] <= 2 * chapter_bytes * 1.5
     finally:
         stop_feeder(name)
+
+
+@pytest.mark.parametrize("start", [0, CHAPTER_STEPS + 4])  # a cold start; a resume mid-chapter
+def test_a_lead_in_then_chapters_deliver_the_unchaptered_sequence(data, start):
+    world = 2
+    plan = data.plan(0, world)
+    bounds = data.bounds(plan)
+    whole, _ = data.streams(data.whole_cfg, world, start_step=start)
+    led, status = data.streams(data.lead_cfg, world, start_step=start)
+    assert_same_streams(led, whole)
+    assert led[0][0].step == start
+    # small ranges first, growing fourfold up to the chapter's end, then the regular chapters
+    cuts = lead_in_bounds(step_tokens(plan), bounds, start, LEAD)
+    assert cuts.size > 3, "the corpus is sized for a lead-in of several ranges"
+    want = list(zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True))
+    want += [(c.first_step, c.end_step) for c in chapters_from(bounds, int(cuts[-1]))]
+    assert [(s["start_step"], s["end_step"]) for s in status] == want
+    assert {s["plan_hash"] for s in status} == {plan.content_hash}
+    # a lead-in's ranges (ending before their chapter) are read in the feeder, chapters by Ray Data
+    lead_in = [e < chapter_end(bounds, a) for a, e in want]
+    assert [s["in_feeder"] for s in status] == lead_in and any(lead_in)
+
+
+def test_a_range_started_ahead_is_the_one_the_ranks_ask_for(data):
+    """The driver's start_at (made while the workers start) prepares the lead-in's first range:
+    the ranks' first request finds it, and the sequence is the unchaptered one."""
+    world, start = 2, CHAPTER_STEPS + 4
+    plan = data.plan(0, world)
+    cuts = lead_in_bounds(step_tokens(plan), data.bounds(plan), start, LEAD)
+    name = data.feeder(data.lead_cfg)
+    try:
+        assert ray.get(ray.get_actor(name).start_at.remote(0, world, start)) == cuts[1]
+        got = [
+            list(rank_batches(name, epoch=0, start_step=start, rank=r, world_size=world))
+            for r in range(world)
+        ]
+        status = ray.get(ray.get_actor(name).history.remote())
+    finally:
+        stop_feeder(name)
+    assert [(s["start_step"], s["end_step"]) for s in status[:2]] == [
+        (start, cuts[1]),
+        (cuts[1], cuts[2]),
+    ]  # prepared once, first, for both ranks
+    for r, stream in enumerate(got):
+        ids = np.concatenate([mb.sample_ids for mb in stream])
+        assert np.array_equal(ids, plan.slice(start).rank_view(r).sample_ids)

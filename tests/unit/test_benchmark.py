@@ -217,7 +217,33 @@ def _fake_delivery() -> dict:
         chapter | {"chapter_tokens": None, "chapters": 1},
         chapter | {"chapter_tokens": 2**20, "chapters": 5},
     ]
-    return {"runs": {"5000": run}}
+    side = {
+        "first_step_s": 2.0,
+        "start_step": 40,
+        "first_range": {"start_step": 0, "end_step": 3, "tokens": 30_000, "in_feeder": True},
+        "consumer_tokens_per_s": 2e8,
+        "prepare_tokens_per_s": 3e7,
+        "wait_fraction": 0.5,
+        "peak_object_store_bytes": 4e7,
+        "max_range_bytes": 2e7,
+        "feeder_peak_rss_bytes": 3e8,
+        "driver_peak_rss_bytes": 4e8,
+    }
+    first = {
+        "num_samples": 5000,
+        "num_tokens": 5_000_000,
+        "chapter_tokens": 2**21,
+        "lead_tokens": 2**15,
+        "chapters": 3,
+        "chapters_run": 2,
+        "index_build_s": 1.0,
+        "cold": side,
+        "resume": side,
+        "reads": {"chapters_amplification": 3.0, "with_lead_in_amplification": 4.5},
+    }
+    big = first | {"num_samples": 10_000, "num_tokens": 10_000_000}
+    big["cold"] = side | {"peak_object_store_bytes": 5e7}
+    return {"runs": {"5000": run}, "first_steps": [first, big]}
 
 
 @pytest.fixture(scope="module")
@@ -265,6 +291,12 @@ def test_markdown_has_every_table_and_no_placeholder(results, tmp_path):
         assert bad not in doc.replace("`{", "").replace("}`", ""), bad
     assert "python -m jobs.benchmark --quick" in doc
     assert "| 5,000 | whole epoch | 1 |" in doc and "| 5,000 | 1,048,576 | 5 |" in doc
+    # time to the first step: cold (first range read in the feeder) and after a restart
+    assert (
+        "| 5,000 | 5 M | 2 of 3 | 1.0 | 2.0 (30,000 tok, feeder) | 2.0 (30,000 tok, step 40)" in doc
+    )
+    assert "| 200 | 30.0 | 50% | 40 | 20 | 300 / 400 | 3.00x / 4.50x |" in doc
+    assert "object-store peak grew 1.2x" in doc
     assert "load average" in doc
     for p in results["plots"]:
         assert p.endswith(".png")

@@ -10,12 +10,14 @@ from hypothesis import strategies as st
 from pipeline.core.chapters import (
     DEFAULT_CHAPTER_TOKENS,
     Chapter,
+    RangeBook,
     RankPositions,
     chapter_bounds,
     chapter_of,
     chapter_plan,
     chapter_read_bytes,
     chapters_from,
+    lead_in_bounds,
     plan_chapter_bounds,
     row_group_of,
     step_tokens,
@@ -87,6 +89,36 @@ def test_resume_starts_in_the_chapter_holding_the_step_from_that_step(inp, cap, 
     assert [c.index for c in todo] == list(range(todo[0].index, b.size - 1))
     plans = [chapter_plan(p, c.first_step, c.end_step) for c in todo]
     _assert_same_stream(plans, p.slice(s))
+
+
+@GRID
+@given(planning_inputs(), caps, st.integers(1, 3000), st.data())
+def test_a_lead_in_then_the_chapters_deliver_the_epoch_tail(inp, cap, lead, data):
+    p = _plan(inp)
+    if p.num_steps == 0:
+        return
+    b = plan_chapter_bounds(p, max_steps=cap[0], max_tokens=cap[1])
+    s = data.draw(st.integers(0, p.num_steps - 1))  # a cold start or a resume, anywhere
+    cuts = lead_in_bounds(step_tokens(p), b, s, lead)
+    c = chapter_of(b, s)
+    assert cuts[0] == s and cuts[-1] == b[c + 1] and (np.diff(cuts) > 0).all()
+    cum = np.concatenate([[0], np.cumsum(step_tokens(p))])
+    tok = np.diff(cum[cuts])
+    # each range at most lead * 4**i tokens, or a single step
+    assert ((tok <= lead * 4 ** np.arange(tok.size)) | (np.diff(cuts) == 1)).all()
+    ranges = list(zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True))
+    ranges += [(ch.first_step, ch.end_step) for ch in chapters_from(b, int(cuts[-1]))]
+    _assert_same_stream([chapter_plan(p, a, e) for a, e in ranges], p.slice(s))
+
+
+def test_a_lead_in_grows_fourfold_up_to_the_chapter_end():
+    b = np.array([0, 100, 200])
+    assert lead_in_bounds(np.full(200, 10), b, 0, 20).tolist() == [0, 2, 10, 42, 100]
+    # from a resume in the second chapter; a step larger than the lead is a range of its own
+    assert lead_in_bounds(np.full(200, 10), b, 150, 5).tolist() == [150, 151, 153, 161, 193, 200]
+    assert lead_in_bounds(np.full(200, 10), b, 0, 10**6).tolist() == [0, 100]
+    with pytest.raises(ValueError, match="lead_tokens and growth must be >= 1"):
+        lead_in_bounds(np.ones(3), np.array([0, 3]), 0, 0)
 
 
 def test_balanced_cut_uses_the_fewest_chapters_of_equal_size():
@@ -168,3 +200,18 @@ def test_a_chapter_is_needed_until_every_rank_of_the_world_has_passed_it():
     assert pos.passed(0, 10) and not pos.passed(0, 11)  # (epoch, step) order
     pos.move(1, 3, 0, rank=0)  # a resized world: nobody else has spoken yet
     assert not pos.passed(0, 0)
+
+
+def test_range_ends_are_decided_once_and_a_decided_end_continues_the_stream():
+    book = RangeBook()
+    assert book.end(0, 2, 0) is None and not book.continues(0, 2, 0)  # cold: may lead in
+    assert book.record(0, 2, [0, 3, 10, 40], epoch_steps=50) == 3
+    assert [book.end(0, 2, s) for s in (0, 3, 10)] == [3, 10, 40]
+    assert book.continues(0, 2, 40) and not book.continues(0, 2, 41)  # a resume at 41 leads in
+    # a second decision from a decided start keeps the first (every rank gets the same end)
+    assert book.record(0, 2, [3, 40], epoch_steps=50) == 10
+    assert book.record(0, 2, [40, 50], epoch_steps=50) == 50
+    assert book.continues(1, 2, 0) and not book.continues(1, 3, 0)  # next epoch, same world
+    book.forget(0, 2)
+    assert book.end(0, 2, 0) is None and not book.continues(0, 2, 40)
+    assert book.continues(1, 2, 0)  # belongs to epoch 1

@@ -1,0 +1,255 @@
+"""Time to the first step, and what delivery costs past it, with chapters and a lead-in.
+
+`measure_first_steps` runs the feeder as training does (prefetch on, consumers asking at once):
+a cold start at step 0 consumed through the first `chapters` regular chapters, then a restart
+inside a chapter (a new feeder, as a resumed run gets) consumed for a few steps. It reports:
+
+- the time to the first micro-batch of every consumer, cold and after the restart, from the
+  feeder's start with the length index cached; the index's own build (once per corpus) apart;
+- each consumer's rate on the blocks it was handed: real tokens over the time spent in the
+  stream outside waits for a range (the first micro-batch of each range holds the wait for the
+  feeder, and is counted as waiting); and the share of wall time spent waiting;
+- the feeder's preparation rate: real tokens prepared over the seconds its preparations took;
+- the object store's peak above its level before the feeder started, the feeder's and this
+  process's peak RSS;
+- the parquet bytes the epoch reads with and without the lead-in, estimated from the index
+  (`chapters.chapter_read_bytes`), as multiples of the corpus.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+from pipeline.bench.delivery import _StorePeak, write_corpus
+from pipeline.core.chapters import (
+    chapter_read_bytes,
+    lead_in_bounds,
+    plan_chapter_bounds,
+    row_group_of,
+    step_tokens,
+)
+from pipeline.core.config import RunConfig
+from pipeline.core.epochs import epoch_plan_for, resolve_edges
+from pipeline.data import build_length_index, rank_batches, start_feeder, stop_feeder
+
+__all__ = ["measure_first_steps", "read_amplification"]
+
+FEEDER = "bucketray-bench-first-step"
+
+
+def _consume(name: str, rank: int, world: int, start: int, stop: int) -> dict:
+    """Micro-batches of steps [start, stop): each one's step, real tokens and the seconds the
+    stream took to yield it; when the consumer began, got its first and ended."""
+    began = time.time()
+    steps, real, secs = [], [], []
+    first = None
+    it = rank_batches(name, epoch=0, start_step=start, rank=rank, world_size=world)
+    t = time.perf_counter()
+    for mb in it:
+        secs.append(time.perf_counter() - t)
+        first = time.time() if first is None else first
+        steps.append(mb.step)
+        real.append(mb.num_real_tokens)
+        if mb.step + 1 >= stop:
+            break
+        t = time.perf_counter()
+    it.close()
+    return {
+        "began": began,
+        "first": first,
+        "end": time.time(),
+        "steps": steps,
+        "real": real,
+        "secs": secs,
+    }
+
+
+def _rates(res: list[dict], range_starts: set) -> tuple[float, float]:
+    """(median over consumers of real tokens per second outside waits, median wait share of the
+    wall time): the first micro-batch of each range holds the wait for the feeder."""
+    rate, share = [], []
+    for r in res:
+        waiting = np.isin(np.asarray(r["steps"]), list(range_starts))
+        secs, real = np.asarray(r["secs"]), np.asarray(r["real"], dtype=np.float64)
+        busy = float(secs[~waiting].sum())
+        rate.append(float(real[~waiting].sum()) / busy if busy else 0.0)
+        share.append(float(secs[waiting].sum()) / (r["end"] - r["began"]))
+    return float(statistics.median(rate)), float(statistics.median(share))
+
+
+class _Consumer:
+    """A consumer process started and warmed (imports done) before the clock starts, as a
+    Ray Train worker is by the time it asks for its first batch. Zero CPUs: it mostly waits,
+    and a CPU it held would be one the feeder's sort tasks could not get."""
+
+    def warm(self) -> int:
+        import torch  # noqa: F401  (the padding imports it on first use; training has it)
+
+        import pipeline.data.rechunk  # noqa: F401
+
+        return 0
+
+    def consume(self, *args) -> dict:
+        return _consume(*args)
+
+
+def _rss(pid: int) -> int:
+    """Resident bytes of process `pid` (Linux /proc); 0 once it has ended."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+class _RssPeak:
+    """Polls the peak RSS of some processes (by pid) in a thread."""
+
+    def __init__(self, pids: list[int], every_s: float = 0.25):
+        self.pids, self.peak = pids, [0] * len(pids)
+        self.every_s, self._stop = every_s, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self.peak = [max(p, _rss(pid)) for p, pid in zip(self.peak, self.pids, strict=True)]
+            if self._stop.wait(self.every_s):
+                return
+
+    def close(self) -> list[int]:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+def _run(cfg, index, edges, path, start, stop, consumers) -> dict:
+    import os
+
+    import ray
+
+    pool = [ray.remote(num_cpus=0)(_Consumer).remote() for _ in range(consumers)]
+    ray.get([c.warm.remote() for c in pool])
+    with _StorePeak() as store:
+        t0 = time.time()
+        feeder = start_feeder(cfg, index, edges, name=FEEDER, path=path, prefetch=True)
+        calls = [c.consume.remote(FEEDER, r, consumers, start, stop) for r, c in enumerate(pool)]
+        pid = ray.get(feeder.__ray_call__.remote(lambda self: os.getpid()))
+        rss = _RssPeak([pid, os.getpid()])
+        res = ray.get(calls)
+        hist = ray.get(feeder.history.remote())
+        feeder_rss, driver_rss = rss.close()
+        stop_feeder(FEEDER)
+    for c in pool:
+        ray.kill(c)
+    prep_s = sum(h["plan_s"] + h["sort_s"] + h["split_s"] for h in hist)
+    rate, wait = _rates(res, {h["start_step"] for h in hist})
+    return {
+        "start_step": start,
+        "stop_step": stop,
+        "first_step_s": max(r["first"] for r in res) - t0,
+        "first_range": {k: hist[0][k] for k in ("start_step", "end_step", "tokens", "in_feeder")},
+        "first_range_prepare_s": hist[0]["plan_s"] + hist[0]["sort_s"] + hist[0]["split_s"],
+        "first_range_ready_s": hist[0]["done_at"] - t0,
+        "ranges": [(h["start_step"], h["end_step"], h["tokens"], h["in_feeder"]) for h in hist],
+        "consumer_tokens_per_s": rate,
+        "wait_fraction": wait,
+        "prepared_tokens": int(sum(h["tokens"] for h in hist)),
+        "prepare_s": prep_s,
+        "prepare_tokens_per_s": sum(h["tokens"] for h in hist) / prep_s if prep_s else 0.0,
+        "peak_object_store_bytes": store.peak,
+        "spilled_bytes": store.spilled,
+        "feeder_peak_rss_bytes": feeder_rss,
+        "driver_peak_rss_bytes": driver_rss,
+        "max_range_bytes": max(h["bytes"] for h in hist),
+    }
+
+
+def read_amplification(cfg: RunConfig, index, edges, world: int) -> dict:
+    """Parquet bytes one epoch reads (index estimate, row groups weighted by their rows' ids),
+    without and with a lead-in at step 0, as multiples of the corpus."""
+    plan = epoch_plan_for(cfg, index, edges, 0, world)
+    d = cfg.data
+    b = plan_chapter_bounds(plan, max_steps=d.chapter_steps, max_tokens=d.chapter_tokens)
+    rg = row_group_of(index.file_idx, index.rows, index.row_groups)
+    rg_tokens = np.bincount(rg, weights=index.lengths.astype(np.float64))
+    rg_bytes = 4.0 * rg_tokens + 8.0 * np.bincount(rg)  # int32 ids and int64 sample ids
+    pos = np.searchsorted(index.sample_ids, plan.sample_ids)
+    out = {"chapters": int(b.size - 1)}
+    cut = b
+    if d.lead_tokens:
+        lead = lead_in_bounds(step_tokens(plan), b, 0, d.lead_tokens)
+        cut = np.unique(np.concatenate([lead, b]))
+    for name, bounds in (("chapters", b), ("with_lead_in", cut)):
+        r = chapter_read_bytes(plan, bounds, rg[pos], rg_bytes)
+        out[name + "_amplification"] = r["amplification"]
+    out["ranges_with_lead_in"] = int(cut.size - 1)
+    out["corpus_bytes"] = float(rg_bytes.sum())
+    return out
+
+
+def measure_first_steps(
+    num_samples: int,
+    consumers: int = 2,
+    *,
+    shards: int = 8,
+    chapters: int = 2,
+    resume_steps: int = 8,
+    vocab_size: int = 512,
+    token_budget: int = 65_536,
+    data: dict | None = None,
+    data_dir: str | None = None,
+) -> dict:
+    """The cold start through `chapters` chapters and a restart mid-chapter (see the module
+    docstring); `data` overrides fields of the data section (chapter_tokens, lead_tokens)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address="local", include_dashboard=False, log_to_driver=False)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    data_dir = data_dir or f"data/bench/seed902k-{num_samples}-{shards}"
+    write_corpus(data_dir, num_samples=num_samples, shards=shards, vocab_size=vocab_size)
+    with tempfile.TemporaryDirectory(prefix="bucketray-bench-index-") as cache:
+        cfg = RunConfig.model_validate(
+            {
+                "data": {"path": data_dir, "cache_dir": cache} | (data or {}),
+                "batching": {"token_budget": token_budget},
+                "model": {"vocab_size": vocab_size},
+                "scaling": {"num_workers": consumers},
+            }
+        )
+        t = time.perf_counter()
+        index = build_length_index(cfg)
+        index_s = time.perf_counter() - t
+        edges = resolve_edges(cfg, index.lengths)
+        plan = epoch_plan_for(cfg, index, edges, 0, consumers)
+        d = cfg.data
+        b = plan_chapter_bounds(plan, max_steps=d.chapter_steps, max_tokens=d.chapter_tokens)
+        c = min(chapters, b.size - 1)
+        cold = _run(cfg, index, edges, data_dir, 0, int(b[c]), consumers)
+        # a restart inside the chapter after the cold run's last: half-way through it
+        k = min(c, b.size - 2)
+        mid = int(b[k] + b[k + 1]) // 2
+        resume = _run(cfg, index, edges, data_dir, mid, mid + resume_steps, consumers)
+        reads = read_amplification(cfg, index, edges, consumers)
+    return {
+        "num_samples": num_samples,
+        "num_tokens": index.num_tokens,
+        "consumers": consumers,
+        "chapter_tokens": d.chapter_tokens,
+        "lead_tokens": d.lead_tokens,
+        "chapters": int(b.size - 1),
+        "chapters_run": c,
+        "index_build_s": index_s,
+        "cold": cold,
+        "resume": resume,
+        "reads": reads,
+    }
