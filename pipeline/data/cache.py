@@ -21,7 +21,8 @@ __all__ = ["INDEX_VERSION", "cache_dir_for", "dataset_fingerprint", "load_cached
 
 log = logging.getLogger("bucketray.data")
 
-INDEX_VERSION = 2
+# 3: row-group digests are SHA-256 (were blake2b); an older cache is simply rebuilt.
+INDEX_VERSION = 3
 
 
 def dataset_fingerprint(shards: list[pafs.FileInfo], footers: list[list[str] | None]) -> str:
