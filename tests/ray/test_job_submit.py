@@ -82,7 +82,6 @@ def _submit(address: str, tmp: Path, max_steps: int) -> subprocess.CompletedProc
         f"data.synthetic.out_dir={tmp / 'data'}",
         "data.synthetic.num_samples=300",
         "data.max_length=64",
-        "model.vocab_size=64",
         "model.d_model=32",
         "model.n_layers=1",
         "model.n_heads=2",
