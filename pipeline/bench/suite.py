@@ -61,7 +61,9 @@ class SuiteOptions:
     delivery_chapter_tokens: int | None = 2**25
     # Time to the first step, cold and after a restart mid-chapter, and the delivery rates past
     # it (pipeline.bench.first_step), with the data section's defaults unless overridden here.
-    first_step_samples: list[int] = field(default_factory=lambda: [100_000, 902_087])
+    first_step_samples: list[int] = field(default_factory=lambda: [100_000, 902_087, 2_000_000])
+    # Starts repeated at sizes up to the preset's (the median is reported); once above it.
+    first_step_repeats: int = 3
     first_step_chapters: int = 2  # chapters the cold run goes through (the next is prefetched)
     first_step_data: dict = field(default_factory=dict)
     work_dir: str = "out/bench"
@@ -85,6 +87,7 @@ class SuiteOptions:
             delivery_chapter_tokens=2**20,
             first_step_samples=[5_000],
             first_step_chapters=2,
+            first_step_repeats=2,
             first_step_data={"chapter_tokens": 2**21, "lead_tokens": 2**15},
             quick=True,
         )
@@ -259,7 +262,9 @@ def _first_steps(opts: SuiteOptions, log: Callable[[str], None]) -> list[dict]:
 
     out = []
     for n in opts.first_step_samples:
-        shards = 32 if n >= PRESETS["seed902k"] else 8
+        # ~28K samples per shard from the preset's size up, as its 32 shards hold
+        big = n >= PRESETS["seed902k"]
+        shards = 32 * max(1, round(n / PRESETS["seed902k"])) if big else 8
         log(f"delivery: {n:,} samples, time to the first step cold and after a restart")
         t = time.perf_counter()
         r = measure_first_steps(
@@ -267,6 +272,7 @@ def _first_steps(opts: SuiteOptions, log: Callable[[str], None]) -> list[dict]:
             2,
             shards=shards,
             chapters=opts.first_step_chapters,
+            repeats=opts.first_step_repeats if n <= PRESETS["seed902k"] else 1,
             data=opts.first_step_data,
             data_dir=f"data/bench/seed902k-{n}-{shards}",
         )

@@ -47,9 +47,9 @@ from pipeline.core.config import RunConfig
 from pipeline.core.epochs import epoch_plan_for
 from pipeline.core.plan import EpochPlan, RankView
 from pipeline.data.index import LengthIndex, filesystem_for
-from pipeline.data.local_sort import local_parts
+from pipeline.data.local_sort import local_parts, use_jemalloc
 from pipeline.data.protocol import RankPart
-from pipeline.data.read import ReadSpec, plan_read_units
+from pipeline.data.read import ReadSpec, background_priority, plan_read_units
 from pipeline.data.retry import RetryPolicy
 from pipeline.data.sort_pass import rows_per_block, sorted_parts
 
@@ -66,8 +66,8 @@ FEEDER_MAX_CONCURRENCY = 64
 # re-sort of the epoch in flight; a feeder that keeps dying has a cause no restart fixes, and
 # once they are used up the workers' requests fail, and the run with them, instead of waiting.
 FEEDER_MAX_RESTARTS = 4
-SORT_SHUFFLE_STRATEGY = "sort_shuffle_pull_based"
-# A lead-in's ranges of at most this many real tokens are read and ordered inside the feeder (`pipeline.data.local_sort`), skipping the Ray Data pass and its fixed costs.
+# A lead-in's ranges of at most this many real tokens are read and ordered inside the feeder
+# (`pipeline.data.local_sort`), skipping the Ray Data pass and its fixed costs.
 LOCAL_MAX_TOKENS = 2**24
 # Stats of the last preparations kept for `history()` (a few epochs' chapters).
 HISTORY = 256
@@ -99,8 +99,6 @@ class Feeder:
         retry: RetryPolicy | None = None,
         block_bytes: int = TARGET_BLOCK_BYTES,
     ):
-        import ray.data
-
         self.cfg = RunConfig.model_validate(cfg)
         self.index = index
         self.edges = [int(e) for e in edges]
@@ -109,17 +107,9 @@ class Feeder:
         self.fs = fs if fs is not None else filesystem_for(path)[0]
         self.spec = ReadSpec.of(index, self.cfg.model.vocab_size, retry or RetryPolicy())
         self.block_bytes = int(block_bytes)
-        ctx = ray.data.DataContext.get_current()
-        # Keys fix the order; preserve_order also keeps block order independent of scheduling.
-        ctx.execution_options.preserve_order = True
-        ctx.enable_progress_bars = False
-        # Measured on 2 cores with Ray 2.60: the default (shuffle_v2) adds ~5 s of fixed
-        # start-up to every sort, the pull-based sort shuffle ~0.1 s; with range boundaries
-        # given, the sort is a single map-partition / reduce-merge pass either way.
-        ctx.shuffle_strategy = SORT_SHUFFLE_STRATEGY
-        # A read task's DataError (naming file, row group and sample) or StorageUnavailableError
-        # reaches the worker as itself, not as Ray Data's generic "UDF failed" wrapper.
-        ctx.raise_original_map_exception = True
+        use_jemalloc()  # before any read: see its docstring
+        # Ray Data is imported and configured by the first chapter's sort (`sort_pass`), not
+        # here: a cold start's lead-in is read in this process and should not wait for it.
         self._lock = threading.Lock()
         self._jobs: dict[tuple, Future] = {}
         self._retries: dict[tuple, int] = {}
@@ -130,7 +120,10 @@ class Feeder:
         self._peak_held_bytes = 0
         self._history: collections.deque = collections.deque(maxlen=HISTORY)
         # One preparation at a time: two concurrent sorts would only compete for the same CPUs.
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="feeder")
+        # It runs at background priority: the streams' part() calls come first.
+        self._pool = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="feeder", initializer=background_priority
+        )
 
     def _submit(self, key: tuple, stale: str | None = None) -> tuple[Future, bool]:
         """(the preparation of `key`, whether this call started it). A failed one, or the one

@@ -13,18 +13,37 @@ here: a larger chapter is sorted by Ray Data across the cluster.
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from pipeline.data.read import ReadSpec, read_row_group
+from pipeline.data.read import ReadSpec, background_priority, read_row_group
 
-__all__ = ["LocalPart", "local_parts"]
+__all__ = ["LocalPart", "local_parts", "use_jemalloc"]
 
-# Row groups read at once; pyarrow decodes each on its own thread.
-READ_THREADS = 4
+# Row groups read at once, each decoded on its own thread (pyarrow releases the GIL): one per
+# core, at least 2 so a read waiting on storage overlaps a decode, at most 8 (memory: each
+# holds a decoded row group).
+READ_THREADS = min(8, max(2, os.cpu_count() or 2))
+
+
+def use_jemalloc() -> str:
+    """Make jemalloc this process's default Arrow memory pool where the pyarrow build has one;
+    returns the pool's backend name.
+
+    Measured on 2 cores, a fresh process reading one lead-in (64 row groups of ~80 MB decoded,
+    two threads): 6.2-6.7 s with jemalloc, 9.1-9.4 s with the default mimalloc, whose first
+    pass over that much memory costs ~40% more CPU (later passes are alike). A feeder reads its
+    lead-in exactly once, fresh, so the first pass is the one that counts.
+    """
+    try:
+        pa.set_memory_pool(pa.jemalloc_memory_pool())
+    except (NotImplementedError, pa.ArrowNotImplementedError):  # a build without jemalloc
+        pass
+    return pa.default_memory_pool().backend_name
 
 
 class LocalPart:
@@ -58,7 +77,7 @@ def _read_all(fs: pafs.FileSystem, spec: ReadSpec, units: dict) -> tuple[pa.Tabl
         )
 
     n = len(units["file_idx"])
-    with ThreadPoolExecutor(max_workers=max(1, min(READ_THREADS, n))) as pool:
+    with ThreadPoolExecutor(max(1, min(READ_THREADS, n)), initializer=background_priority) as pool:
         got = list(pool.map(one, range(n)))
     return pa.concat_tables([t for t, _ in got]), sum(r for _, r in got)
 

@@ -11,6 +11,9 @@ than through `ray.data.read_parquet` because only a few rows of a row group may 
 
 from __future__ import annotations
 
+import functools
+import os
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,7 +27,31 @@ from pipeline.data.index import DataError, LengthIndex
 from pipeline.data.retry import RetryPolicy, StorageUnavailableError, with_retries
 from pipeline.data.scan import input_ids_digest
 
-__all__ = ["ReadSpec", "plan_read_units", "read_row_group", "read_units"]
+__all__ = ["ReadSpec", "background_priority", "plan_read_units", "read_row_group", "read_units"]
+
+# Nice value of threads that prepare ranges ahead of training (the lowest priority).
+BACKGROUND_NICE = 19
+
+
+def background_priority() -> None:
+    """Run the calling thread at the lowest CPU priority (`BACKGROUND_NICE`).
+
+    Preparing the next range is background work: on a node short of cores the streams that
+    pad and hand over the current range's micro-batches (and the training itself) come first,
+    and the preparation takes what they leave. Linux sets a nice value per thread; elsewhere
+    (or where refused) this does nothing. A thread's nice value is only ever raised here, so
+    calling it again is harmless.
+    """
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
+    except (AttributeError, OSError):
+        pass
+
+
+@functools.cache
+def _background_process() -> None:
+    """A Ray Data read task's worker: its main thread runs preparation (see read_units)."""
+    background_priority()
 
 
 @dataclass(frozen=True)
@@ -115,7 +142,10 @@ def _read_table(fs: pafs.FileSystem, path: str, g: int, has_sid: bool, retry: Re
         pf = pq.ParquetFile(fs.open_input_file(path))
         cols = ["input_ids"] + (["sample_id"] if has_sid else [])
         cols += [c for c in ("loss_mask", "labels") if c in pf.schema_arrow.names]
-        return pf.read_row_group(g, columns=cols)
+        # Decoded on the calling thread: a Ray worker's Arrow CPU pool has OMP_NUM_THREADS
+        # threads (Ray sets it to the task's CPUs, often 1), so the feeder's parallel reads
+        # would queue on one pool thread instead of decoding side by side.
+        return pf.read_row_group(g, columns=cols, use_threads=False)
 
     try:
         return with_retries(read, what=f"{path}: row group {g}", policy=retry)
@@ -241,6 +271,8 @@ def read_units(batch: pa.Table, fs, units_ref, spec: ReadSpec, on_retries=None) 
     """
     import ray
 
+    # Only this job's Ray Data tasks run in such a worker; they all prepare data ahead.
+    _background_process()
     u = ray.get(units_ref[0])
     out, retries = [], 0
     for j, f, g in zip(

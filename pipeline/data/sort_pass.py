@@ -41,6 +41,28 @@ def range_boundaries(plan: EpochPlan, rank_rows: np.ndarray, block_rows: int) ->
     return [int(x) for x in b if 0 < x < plan.num_samples]
 
 
+SORT_SHUFFLE_STRATEGY = "sort_shuffle_pull_based"
+
+
+@functools.cache
+def _configure_data_context() -> None:
+    """Set this process's Ray Data context for keyed sorts, once (done at the first sort, so a
+    feeder that only reads a lead-in never imports Ray Data)."""
+    import ray.data
+
+    ctx = ray.data.DataContext.get_current()
+    # Keys fix the order; preserve_order also keeps block order independent of scheduling.
+    ctx.execution_options.preserve_order = True
+    ctx.enable_progress_bars = False
+    # Measured on 2 cores with Ray 2.60: the default (shuffle_v2) adds ~5 s of fixed
+    # start-up to every sort, the pull-based sort shuffle ~0.1 s; with range boundaries
+    # given, the sort is a single map-partition / reduce-merge pass either way.
+    ctx.shuffle_strategy = SORT_SHUFFLE_STRATEGY
+    # A read task's DataError (naming file, row group and sample) or StorageUnavailableError
+    # reaches the worker as itself, not as Ray Data's generic "UDF failed" wrapper.
+    ctx.raise_original_map_exception = True
+
+
 def sorted_parts(
     fs: pafs.FileSystem,
     spec: ReadSpec,
@@ -55,6 +77,7 @@ def sorted_parts(
     import ray
     import ray.data
 
+    _configure_data_context()
     items = [
         {"u": j, "file_idx": int(f), "row_group": int(g)}
         for j, (f, g) in enumerate(zip(units["file_idx"], units["row_group"], strict=True))

@@ -200,3 +200,16 @@ def test_skipped_rows_are_still_checked_against_the_plan():
     blocks = _blocks(swapped, tokens, masks, [0, 20, swapped.size], False)
     with pytest.raises(RuntimeError, match="delivered sample_id"):
         list(deliver(view, blocks, epoch=0, edges=EDGES, skip=3))
+
+
+def test_delivering_sets_the_allocator_to_keep_freed_memory():
+    """The padding stream sets keep_freed_memory (tests/unit/test_delivery_costs.py measures
+    what it saves) before its first micro-batch."""
+    from pipeline.data import rechunk
+
+    rechunk.keep_freed_memory.cache_clear()
+    ids, lengths, tokens, masks = _corpus(20, 7)
+    view = _single_rank_view(ids, lengths)
+    blocks = _blocks(view.sample_ids, tokens, masks, [0, view.offsets[-1]], False)
+    next(deliver(view, blocks, epoch=0, edges=EDGES))
+    assert rechunk.keep_freed_memory.cache_info().currsize == 1

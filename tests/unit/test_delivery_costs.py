@@ -1,0 +1,139 @@
+"""What a start and each micro-batch cost, beyond the work itself: how reads decode, which
+threads yield the CPU, what the C allocator keeps, what a lead-in imports.
+
+Each was a measured cost on 2 cores: reads queued on a Ray worker's one Arrow thread, padding
+paid a page fault per 4 KB written, a lead-in waited for Ray Data's import.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.data.read import BACKGROUND_NICE, ReadSpec, background_priority, read_row_group
+from pipeline.data.retry import RetryPolicy
+
+linux_only = pytest.mark.skipif(sys.platform != "linux", reason="per-thread nice and glibc")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _python(code: str) -> str:
+    """Run `code` in a fresh interpreter (process-wide settings stay out of this one)."""
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_row_group_reads_decode_on_the_calling_thread(tmp_path, monkeypatch):
+    """A Ray worker's Arrow pool has OMP_NUM_THREADS threads (often 1): reads handed to it
+    would queue there instead of decoding on the feeder's read threads side by side."""
+    path = str(tmp_path / "a.parquet")
+    pq.write_table(
+        pa.table({"sample_id": pa.array([7, 8], pa.int64()), "input_ids": [[1, 2], [3]]}), path
+    )
+    seen = []
+    real = pq.ParquetFile.read_row_group
+
+    def spy(self, i, columns=None, use_threads=True, **kw):
+        seen.append(use_threads)
+        return real(self, i, columns=columns, use_threads=use_threads, **kw)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", spy)
+    spec = ReadSpec((path,), (True,), "", None, 10, RetryPolicy(attempts=1, backoff_s=0.0))
+    rows = np.arange(2)
+    t, _ = read_row_group(
+        pafs.LocalFileSystem(), spec, 0, 0, rows, rows, np.array([7, 8]), np.array([2, 1])
+    )
+    assert t["input_ids"].to_pylist() == [[1, 2], [3]]
+    assert seen == [False]
+
+
+@linux_only
+def test_preparation_threads_run_at_background_priority():
+    """The feeder's preparation and read threads yield the CPU to the streams (per thread)."""
+    main = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    with ThreadPoolExecutor(2, initializer=background_priority) as pool:
+        nice = pool.submit(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        assert nice.result() == max(main, BACKGROUND_NICE)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == main
+
+
+@linux_only
+def test_padding_keeps_freed_memory_instead_of_faulting_it_back():
+    """Micro-batch after micro-batch, padding reuses the memory it freed: without
+    keep_freed_memory glibc hands it back to the kernel and every micro-batch faults it in."""
+    code = """
+        import resource, sys
+        import numpy as np
+        from pipeline.core.collate import collate
+        from pipeline.data.rechunk import keep_freed_memory
+        if sys.argv[1] == "keep":
+            assert keep_freed_memory()
+        rng = np.random.default_rng(0)
+        lens = rng.integers(700, 800, 40)
+        off = np.concatenate([[0], np.cumsum(lens)])
+        vals = rng.integers(0, 512, off[-1]).astype(np.int32)
+        for _ in range(20):
+            collate(vals, off, upper=800)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for _ in range(200):
+            out = collate(vals, off, upper=800)
+        print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 200)
+    """
+    script = textwrap.dedent(code)
+
+    def faults(mode):
+        env = dict(os.environ, PYTHONPATH=ROOT)
+        out = subprocess.run(
+            [sys.executable, "-c", script, mode], env=env, capture_output=True, text=True
+        )
+        assert out.returncode == 0, out.stderr
+        return float(out.stdout.strip())
+
+    kept, default = faults("keep"), faults("default")
+    # ~1 MB written per micro-batch: ~250 pages, each one a fault when the memory went back
+    assert kept < 5, (kept, default)
+    assert default > 10 * max(kept, 1), (kept, default)
+
+
+def test_a_lead_in_never_imports_ray_data(tmp_path):
+    """The first range is read in the feeder; Ray Data (~0.6 s to import here) waits for the
+    first chapter sorted through it."""
+    setup = f"""
+        import sys
+        from pipeline.core.config import RunConfig
+        from pipeline.core.corpus import write_corpus
+        from pipeline.core.epochs import resolve_edges
+        from pipeline.data.feeder import Feeder
+        from pipeline.data.index import build_length_index
+        write_corpus({str(tmp_path)!r}, num_samples=200, shards=2, vocab_size=64, progress=False)
+        cfg = RunConfig.model_validate({{
+            "data": {{"path": {str(tmp_path)!r}, "cache_dir": {str(tmp_path / "c")!r}}},
+            "model": {{"vocab_size": 64}},
+        }})
+        index = build_length_index(cfg)  # the scan is a Ray Data pass; a cached index is not
+    """
+    _python(setup)  # as the driver does, once: the index cached
+    feeder = """
+        Feeder(cfg.model_dump(mode="json"), index, resolve_edges(cfg, index.lengths),
+               cfg.data.path)
+        print("ray.data" in sys.modules)
+    """
+    assert _python(setup + feeder) == "False"
