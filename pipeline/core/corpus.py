@@ -20,13 +20,21 @@ import pyarrow.parquet as pq
 
 from pipeline.core.synthetic import PRESETS, seed902k_lengths, synthetic_tokens
 
-__all__ = ["MARKER", "write_corpus", "corpus_is_current"]
+__all__ = ["MARKER", "READS_NOTE", "ROW_GROUP_ROWS", "write_corpus", "corpus_is_current"]
 
 # Starts with "_" so the shard listing (index.list_shards) skips it.
 MARKER = "_bucketray_synthetic.json"
 # Row groups are the unit of parallel reads and of skipping on resume; 16K rows of ~1.2K tokens
-# is ~40 MB of int32 ids, well under Ray Data's 128 MB target block size.
+# is ~40 MB of int32 ids, well under Ray Data's 128 MB target block size. Smaller groups would
+# not cut what an epoch reads: with the global within-bucket shuffle every chapter (and every
+# lead-in range) has rows in nearly every group at 16K, 4K and 1K rows per group alike
+# (docs/architecture.md, "Chapters"), so an epoch reads the corpus about once per chapter.
 ROW_GROUP_ROWS = 16_384
+READS_NOTE = (
+    "each chapter of an epoch (data.chapter_tokens) and each lead-in range after a start or "
+    "resume reads nearly every row group, whatever their size: an epoch reads the corpus about "
+    "once per chapter (docs/architecture.md, Chapters)"
+)
 
 
 def clear_output(out: Path, marker: Path, *, writer: str, choose: str) -> None:
@@ -142,4 +150,6 @@ def write_corpus(
         "seconds": round(time.perf_counter() - t0, 2),
         "out_dir": str(out),
         "skipped": False,
+        "row_group_rows": ROW_GROUP_ROWS,
+        "reads": READS_NOTE,
     }

@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from pipeline.core.corpus import token_table
+from pipeline.core.corpus import READS_NOTE, ROW_GROUP_ROWS, token_table
 from pipeline.core.textcorpus import stable_id
 from pipeline.data.index import filesystem_for
 
@@ -147,7 +147,8 @@ class TokenizeFiles:
             table = token_table(sids, values, offsets)
             ofs, out = filesystem_for(self.out)
             with ofs.open_output_stream(f"{out}/shard-{ordinal:05d}.parquet") as f:
-                pq.write_table(table, f)
+                # bounded row groups: a large file is still read by several tasks
+                pq.write_table(table, f, row_group_size=ROW_GROUP_ROWS)
         problems.sort()
         return {
             "file": rel,
@@ -197,6 +198,8 @@ def _summary(rows: list[dict], n_files: int, seconds: float) -> dict:
         "undecodable": int(sum(r["undecodable"] for r in rows)),
         "problems": sorted(problems)[:MAX_EXAMPLES],
         "seconds": round(seconds, 2),
+        "row_group_rows": ROW_GROUP_ROWS,
+        "reads": READS_NOTE,
     }, lengths
 
 

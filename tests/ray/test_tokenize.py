@@ -169,3 +169,23 @@ def test_three_commands_from_jsonl_to_a_trained_hugging_face_model(cluster, tmp_
         logits = model(ids).logits[0, :-1]
     loss = torch.nn.functional.cross_entropy(logits, ids[0, 1:])
     assert loss < np.log(s["vocab_size"]) - 1  # it learned the corpus' word statistics
+
+
+def test_tokenized_shards_have_bounded_row_groups(tmp_path, monkeypatch):
+    """A large input file is written in row groups of at most ROW_GROUP_ROWS rows (several read
+    tasks per shard), not pyarrow's default of up to a million rows in one."""
+    from pipeline.data import tokenize
+
+    _tokenizer(tmp_path / "tokenizer.json")
+    src, out = tmp_path / "in", tmp_path / "out"
+    src.mkdir()
+    out.mkdir()
+    (src / "a.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in _docs(7, 0)))
+    monkeypatch.setattr(tokenize, "ROW_GROUP_ROWS", 3)
+    files = tokenize.TokenizeFiles(
+        str(tmp_path / "tokenizer.json"), str(src), str(out), "text", False
+    )
+    got = files._one(0, "a.jsonl")
+    assert len(got["lengths"]) == 7 and not got["error"]
+    md = pq.ParquetFile(out / "shard-00000.parquet").metadata
+    assert [md.row_group(g).num_rows for g in range(md.num_row_groups)] == [3, 3, 1]
