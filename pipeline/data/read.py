@@ -11,9 +11,9 @@ than through `ray.data.read_parquet` because only a few rows of a row group may 
 
 from __future__ import annotations
 
-import functools
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,7 +27,14 @@ from pipeline.data.index import DataError, LengthIndex
 from pipeline.data.retry import RetryPolicy, StorageUnavailableError, with_retries
 from pipeline.data.scan import input_ids_digest
 
-__all__ = ["ReadSpec", "background_priority", "plan_read_units", "read_row_group", "read_units"]
+__all__ = [
+    "ReadSpec",
+    "background_priority",
+    "in_background",
+    "plan_read_units",
+    "read_row_group",
+    "read_units",
+]
 
 # Nice value of threads that prepare ranges ahead of training (the lowest priority).
 BACKGROUND_NICE = 19
@@ -48,10 +55,15 @@ def background_priority() -> None:
         pass
 
 
-@functools.cache
-def _background_process() -> None:
-    """A Ray Data read task's worker: its main thread runs preparation (see read_units)."""
-    background_priority()
+def in_background(fn, *args):
+    """`fn(*args)` on a fresh thread at background priority; its result or its exception.
+
+    For work in a process this code does not own (a Ray worker that runs other tasks later):
+    the worker's own threads keep their priority, since a nice value once raised cannot be
+    lowered again without privileges.
+    """
+    with ThreadPoolExecutor(1, initializer=background_priority) as pool:
+        return pool.submit(fn, *args).result()
 
 
 @dataclass(frozen=True)
@@ -271,9 +283,11 @@ def read_units(batch: pa.Table, fs, units_ref, spec: ReadSpec, on_retries=None) 
     """
     import ray
 
-    # Only this job's Ray Data tasks run in such a worker; they all prepare data ahead.
-    _background_process()
     u = ray.get(units_ref[0])
+    return in_background(_read_batch, batch, fs, u, spec, on_retries)
+
+
+def _read_batch(batch: pa.Table, fs, u: dict, spec: ReadSpec, on_retries) -> pa.Table:
     out, retries = [], 0
     for j, f, g in zip(
         batch["u"].to_pylist(),

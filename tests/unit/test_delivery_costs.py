@@ -20,7 +20,13 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.data.read import BACKGROUND_NICE, ReadSpec, background_priority, read_row_group
+from pipeline.data.read import (
+    BACKGROUND_NICE,
+    ReadSpec,
+    background_priority,
+    in_background,
+    read_row_group,
+)
 from pipeline.data.retry import RetryPolicy
 
 linux_only = pytest.mark.skipif(sys.platform != "linux", reason="per-thread nice and glibc")
@@ -73,6 +79,20 @@ def test_preparation_threads_run_at_background_priority():
         nice = pool.submit(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
         assert nice.result() == max(main, BACKGROUND_NICE)
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == main
+
+
+@linux_only
+def test_a_read_task_yields_the_cpu_without_renicing_the_worker_it_runs_in():
+    """Ray Data read tasks run in workers that later run other tasks: the read runs on a thread
+    of its own at background priority, the worker's thread keeps its priority."""
+    tid = lambda: threading.get_native_id()  # noqa: E731
+    main = os.getpriority(os.PRIO_PROCESS, tid())
+    assert in_background(lambda: os.getpriority(os.PRIO_PROCESS, tid())) == max(
+        main, BACKGROUND_NICE
+    )
+    assert os.getpriority(os.PRIO_PROCESS, tid()) == main
+    with pytest.raises(ValueError, match="bad row"):
+        in_background(lambda: (_ for _ in ()).throw(ValueError("bad row")))
 
 
 @linux_only
