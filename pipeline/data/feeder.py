@@ -282,8 +282,13 @@ class Feeder:
         chapter) starts preparing: about two chapters are held at once. `stale`: a prep_id
         whose blocks a worker found lost, prepared again instead of handed out twice;
         `end_step`: the end that worker had, kept so it can skip what it already delivered."""
-        end = self._end_for(epoch, world_size, start_step, end_step, may_lead=True)
-        prep = self._prepared((epoch, world_size, start_step, end), stale)
+        held = self._held(epoch, world_size, start_step) if end_step is None else None
+        if held is not None:  # ranks restarting inside a range this feeder still holds
+            (_, _, first, end), prep = held
+        else:
+            end = self._end_for(epoch, world_size, start_step, end_step, may_lead=True)
+            prep = self._prepared((epoch, world_size, start_step, end), stale)
+            first = None
         steps = prep.stats["epoch_steps"]
         everyone_here = self.consumed(epoch, world_size, start_step, rank)
         if self.prefetch and everyone_here:
@@ -309,7 +314,24 @@ class Feeder:
             read_retries=prep.stats["read_retries"],
             end_step=end,
             epoch_steps=steps,
+            first_step=first,
         )
+
+    def _held(self, epoch: int, world_size: int, start: int) -> tuple | None:
+        """(key, preparation) of a finished range that holds `start` past its first step, where
+        no range from `start` was decided: ranks that Ray Train restarted from a checkpoint
+        while this feeder lived (a worker lost, the driver not) resume inside the chapter they
+        were training. Their streams skip to `start` in the blocks already held instead of
+        waiting for a lead-in that reads the corpus again."""
+        with self._lock:
+            if self._ranges.end(epoch, world_size, start) is not None:
+                return None
+            for key, fut in self._jobs.items():
+                if key[:2] != (epoch, world_size) or not key[2] < start < key[3]:
+                    continue
+                if fut.done() and fut.exception() is None:
+                    return key, fut.result()
+        return None
 
     def start_at(self, epoch: int, world_size: int, start_step: int = 0) -> int:
         """Start preparing the range a stream starting at (epoch, start_step) will ask for (a

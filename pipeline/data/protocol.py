@@ -42,6 +42,15 @@ class RankPart:
     end_step: int  # the part's chapter ends here (exclusive); the next part starts here
     epoch_steps: int  # global steps in the epoch: the last part ends there
     read_retries: int = 0  # transient read errors retried while preparing this epoch
+    # Where `view` and `refs` begin when they were prepared for an earlier start (a range the
+    # feeder still held, served to ranks restarting inside it): the stream skips the steps
+    # [first_step, start_step). None: they begin at start_step.
+    first_step: int | None = None
+
+    @property
+    def skip_steps(self) -> int:
+        """Micro-batches of `view` before `start_step` (one per step), checked but not padded."""
+        return 0 if self.first_step is None else self.start_step - self.first_step
 
     def check(
         self,

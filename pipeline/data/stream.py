@@ -2,9 +2,11 @@
 
 The worker asks the feeder for its part of (epoch, world size, start step) -- the rows of the
 chapter holding the start step, from there to the chapter's end, or where nothing was prepared
-(a cold start, a resume) a small lead-in range the feeder chose -- checks the answer
-(`RankPart.check`: the request it answers and, given the run's plan hash, the plan), fetches the
-part's blocks in order while the previous one is padded, and re-chunks them (`rechunk.deliver`).
+(a cold start, a resume) a small lead-in range the feeder chose, or, for a worker restarted
+inside a range the feeder still holds, that range with the steps before its start to skip --
+checks the answer (`RankPart.check`: the request it answers and, given the run's plan hash, the
+plan), fetches the part's blocks in order while the previous one is padded, and re-chunks them
+(`rechunk.deliver`).
 At the part's end it tells the feeder it is done with it and asks for the next range, until the
 epoch's last step. If the feeder dies, its blocks die with it (it owns them): Ray restarts
 the feeder, and the stream asks again for the same part, skips the micro-batches it already
@@ -110,7 +112,7 @@ def _chapter_batches(
                 pad_to_multiple_of=part.pad_to_multiple_of,
                 supervision=part.supervision,
                 pin_memory=pin_memory,
-                skip=yielded,
+                skip=part.skip_steps + yielded,
             ):
                 yield mb
                 yielded += 1

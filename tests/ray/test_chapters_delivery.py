@@ -212,3 +212,52 @@ def test_a_range_started_ahead_is_the_one_the_ranks_ask_for(data):
     for r, stream in enumerate(got):
         ids = np.concatenate([mb.sample_ids for mb in stream])
         assert np.array_equal(ids, plan.slice(start).rank_view(r).sample_ids)
+
+
+def test_ranks_restarted_inside_a_held_chapter_skip_to_their_step_without_a_new_read(data):
+    """Ray Train restarts the workers from a checkpoint while the driver's feeder lives: the
+    chapter they were training is still held, so they skip to the checkpoint's step in its
+    blocks (no lead-in, no read) and train exactly the undisturbed sequence from there."""
+    world = 2
+    plan = data.plan(0, world)
+    bounds = data.bounds(plan)
+    ckpt = int(bounds[1]) + 3  # inside the second chapter
+    name = data.feeder(data.cfg)
+    feeder = ray.get_actor(name)
+    try:
+        gens = [
+            rank_batches(name, epoch=0, start_step=0, rank=r, world_size=world)
+            for r in range(world)
+        ]
+        for mbs in zip(*gens, strict=True):  # in step, past the checkpoint, then lost
+            if mbs[0].step == ckpt + 2:
+                break
+        for g in gens:
+            g.close()
+        before = ray.get(feeder.history.remote())
+        again = [
+            list(
+                rank_batches(
+                    name,
+                    epoch=0,
+                    start_step=ckpt,
+                    rank=r,
+                    world_size=world,
+                    plan_hash=plan.content_hash,
+                )
+            )
+            for r in range(world)
+        ]
+        after = ray.get(feeder.history.remote())
+    finally:
+        stop_feeder(name)
+    whole, _ = data.streams(data.whole_cfg, world, start_step=ckpt)
+    assert_same_streams(again, whole)
+    assert again[0][0].step == ckpt
+    # served from the chapter held: nothing prepared from the checkpoint's step; the chapters
+    # after it were prepared as usual
+    assert (1, int(bounds[1]), int(bounds[2])) in [
+        (s["chapter"], s["start_step"], s["end_step"]) for s in before
+    ]
+    new = after[len(before) :]
+    assert [s["start_step"] for s in new] == bounds[2:-1].tolist()
