@@ -152,14 +152,15 @@ def _run(cfg, index, edges, path, start, stop, consumers) -> dict:
         stop_feeder(FEEDER)
     for c in pool:
         ray.kill(c)
-    prep_s = sum(h["plan_s"] + h["sort_s"] + h["split_s"] for h in hist)
+    prep = [h["plan_s"] + h["sort_s"] + h["split_s"] for h in hist]  # each preparation's seconds
+    prep_s = sum(prep)
     rate, wait = _rates(res, {h["start_step"] for h in hist})
     return {
         "start_step": start,
         "stop_step": stop,
         "first_step_s": max(r["first"] for r in res) - t0,
         "first_range": {k: hist[0][k] for k in ("start_step", "end_step", "tokens", "in_feeder")},
-        "first_range_prepare_s": hist[0]["plan_s"] + hist[0]["sort_s"] + hist[0]["split_s"],
+        "first_range_prepare_s": prep[0],
         "first_range_ready_s": hist[0]["done_at"] - t0,
         "ranges": [(h["start_step"], h["end_step"], h["tokens"], h["in_feeder"]) for h in hist],
         "consumer_tokens_per_s": rate,

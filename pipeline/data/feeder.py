@@ -293,8 +293,7 @@ class Feeder:
         everyone_here = self.consumed(epoch, world_size, start_step, rank)
         if self.prefetch and everyone_here:
             if end < steps:
-                nxt = (epoch, world_size, end)
-                self._submit((*nxt, self._end_for(*nxt, None, may_lead=False)))
+                self._prefetch((epoch, world_size, end))
             elif epoch + 1 < self.cfg.train.epochs:  # no sort nobody will read
                 # planned on the preparing thread, not in this rank's request
                 self._pool.submit(self._prefetch, (epoch + 1, world_size, 0))

@@ -4,7 +4,7 @@ A lead-in's first ranges hold a few steps, yet their samples sit in nearly every
 their preparation is all reading: one small read per row group, then a sort of a few thousand
 rows. Through Ray Data each such preparation also pays the executor's start-up, one task per
 row group and a distributed sort, which on a loaded machine costs tens of seconds. Here the
-feeder reads the same units with the same checks (`read.read_row_group`) on a few threads
+feeder reads the same units with the same checks (`read.read_unit`) on a few threads
 (pyarrow decodes without the GIL), puts each rank's rows in key order (keys are dense:
 0..N-1, rank-major) and puts its blocks in the object store itself, so it owns them exactly as
 it owns a Ray Data pass's blocks. Only ranges up to `feeder.LOCAL_MAX_TOKENS` real tokens come
@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from pipeline.data.read import ReadSpec, background_priority, read_row_group
+from pipeline.data.read import ReadSpec, background_priority, read_unit
 
 __all__ = ["LocalPart", "local_parts", "use_jemalloc"]
 
@@ -61,24 +61,9 @@ class LocalPart:
 
 def _read_all(fs: pafs.FileSystem, spec: ReadSpec, units: dict) -> tuple[pa.Table, int]:
     """Every unit's planned rows, keyed (unit order); and the read retries they took."""
-    ptr = units["ptr"]
-
-    def one(j: int):
-        lo, hi = ptr[j], ptr[j + 1]
-        return read_row_group(
-            fs,
-            spec,
-            int(units["file_idx"][j]),
-            int(units["row_group"][j]),
-            units["local_rows"][lo:hi],
-            units["keys"][lo:hi],
-            units["sample_ids"][lo:hi],
-            units["lengths"][lo:hi],
-        )
-
     n = len(units["file_idx"])
     with ThreadPoolExecutor(max(1, min(READ_THREADS, n)), initializer=background_priority) as pool:
-        got = list(pool.map(one, range(n)))
+        got = list(pool.map(lambda j: read_unit(fs, spec, units, j), range(n)))
     return pa.concat_tables([t for t, _ in got]), sum(r for _, r in got)
 
 

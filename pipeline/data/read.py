@@ -33,6 +33,7 @@ __all__ = [
     "in_background",
     "plan_read_units",
     "read_row_group",
+    "read_unit",
     "read_units",
 ]
 
@@ -287,27 +288,24 @@ def read_units(batch: pa.Table, fs, units_ref, spec: ReadSpec, on_retries=None) 
     return in_background(_read_batch, batch, fs, u, spec, on_retries)
 
 
+def read_unit(fs, spec: ReadSpec, units: dict, j: int) -> tuple[pa.Table, int]:
+    """Unit `j` of `plan_read_units`' work list: its planned rows, keyed; (table, read retries)."""
+    lo, hi = units["ptr"][j], units["ptr"][j + 1]
+    return read_row_group(
+        fs,
+        spec,
+        int(units["file_idx"][j]),
+        int(units["row_group"][j]),
+        units["local_rows"][lo:hi],
+        units["keys"][lo:hi],
+        units["sample_ids"][lo:hi],
+        units["lengths"][lo:hi],
+    )
+
+
 def _read_batch(batch: pa.Table, fs, u: dict, spec: ReadSpec, on_retries) -> pa.Table:
-    out, retries = [], 0
-    for j, f, g in zip(
-        batch["u"].to_pylist(),
-        batch["file_idx"].to_pylist(),
-        batch["row_group"].to_pylist(),
-        strict=True,
-    ):
-        lo, hi = u["ptr"][j], u["ptr"][j + 1]
-        t, r = read_row_group(
-            fs,
-            spec,
-            f,
-            g,
-            u["local_rows"][lo:hi],
-            u["keys"][lo:hi],
-            u["sample_ids"][lo:hi],
-            u["lengths"][lo:hi],
-        )
-        out.append(t)
-        retries += r
+    got = [read_unit(fs, spec, u, j) for j in batch["u"].to_pylist()]
+    retries = sum(r for _, r in got)
     if retries and on_retries is not None:
         on_retries(retries)
-    return pa.concat_tables(out)
+    return pa.concat_tables([t for t, _ in got])

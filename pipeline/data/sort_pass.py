@@ -78,10 +78,7 @@ def sorted_parts(
     import ray.data
 
     _configure_data_context()
-    items = [
-        {"u": j, "file_idx": int(f), "row_group": int(g)}
-        for j, (f, g) in enumerate(zip(units["file_idx"], units["row_group"], strict=True))
-    ]
+    items = [{"u": j} for j in range(len(units["file_idx"]))]  # one read task per unit
     me = ray.get_runtime_context().current_actor
     ds = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
         read_units,
