@@ -21,8 +21,9 @@ __all__ = ["INDEX_VERSION", "cache_dir_for", "dataset_fingerprint", "load_cached
 
 log = logging.getLogger("bucketray.data")
 
-# 3: row-group digests are SHA-256 (were blake2b); an older cache is simply rebuilt.
-INDEX_VERSION = 3
+# 4: row-group digests hash lengths, validity and values as three streams (a batched read
+# computes them); 3: SHA-256 (was blake2b). An older cache is simply rebuilt.
+INDEX_VERSION = 4
 
 
 def dataset_fingerprint(shards: list[pafs.FileInfo], footers: list[list[str] | None]) -> str:

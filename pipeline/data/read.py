@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from pipeline.core.collate import IGNORE_INDEX, labels_from_mask
 from pipeline.data.index import DataError, LengthIndex
 from pipeline.data.retry import RetryPolicy, StorageUnavailableError, with_retries
-from pipeline.data.scan import input_ids_digest
+from pipeline.data.scan import ContentDigest, row_group_batches
 
 __all__ = [
     "ReadSpec",
@@ -148,20 +148,45 @@ def _flat_list(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return pc.list_flatten(arr).to_numpy(), pc.list_value_length(arr).to_numpy().astype(np.int64)
 
 
-def _read_table(fs: pafs.FileSystem, path: str, g: int, has_sid: bool, retry: RetryPolicy):
-    """(row group `g` of `path`, retries it took); transient failures are retried."""
+def _read_rows(pf: pq.ParquetFile, g: int, cols: list[str], local: np.ndarray, digest):
+    """Rows `local` (ascending) of row group `g`, each batch narrowed as it is decoded; every
+    row goes through `digest` (a ContentDigest) when given."""
+    pieces, row0 = [], 0
+    for b in row_group_batches(pf, g, cols):
+        n = b.num_rows
+        if digest is not None:
+            digest.update(b.column("input_ids"))
+        lo, hi = np.searchsorted(local, [row0, row0 + n])
+        if hi - lo == n:
+            pieces.append(b)
+        elif hi > lo:
+            pieces.append(b.take(pa.array(local[lo:hi] - row0)))
+        row0 += n
+    schema = pieces[0].schema if pieces else pf.schema_arrow
+    return pa.Table.from_batches(pieces, schema=schema).select(cols)
 
-    def read() -> pa.Table:
+
+def _read_table(fs: pafs.FileSystem, spec: ReadSpec, f: int, g: int, local: np.ndarray):
+    """(rows `local` of row group `g` of file `f`, whether the row group's content differs
+    from the indexed digest, retries it took); transient failures are retried."""
+    path = spec.files[f]
+    known = spec.rg_digests[f] if f < len(spec.rg_digests) else ()
+    if local.size > 1 and not (np.diff(local) > 0).all():
+        raise AssertionError("planned rows of a row group must be ascending")  # our invariant
+
+    def read() -> tuple[pa.Table, bool]:
         pf = pq.ParquetFile(fs.open_input_file(path))
-        cols = ["input_ids"] + (["sample_id"] if has_sid else [])
+        cols = ["input_ids"] + (["sample_id"] if spec.has_sample_id[f] else [])
         cols += [c for c in ("loss_mask", "labels") if c in pf.schema_arrow.names]
-        # Decoded on the calling thread: a Ray worker's Arrow CPU pool has OMP_NUM_THREADS
-        # threads (Ray sets it to the task's CPUs, often 1), so the feeder's parallel reads
-        # would queue on one pool thread instead of decoding side by side.
-        return pf.read_row_group(g, columns=cols, use_threads=False)
+        digest = ContentDigest(pf.schema_arrow.field("input_ids").type.value_type)
+        t = _read_rows(pf, g, cols, local, digest if known else None)
+        return t, bool(known) and digest.hexdigest() != known[g]
 
     try:
-        return with_retries(read, what=f"{path}: row group {g}", policy=retry)
+        (t, rewritten), retries = with_retries(
+            read, what=f"{path}: row group {g}", policy=spec.retry
+        )
+        return t, rewritten, retries
     except StorageUnavailableError:
         raise  # names the file; an outage, not a data problem: a restart may get through
     except (OSError, pa.ArrowException) as e:  # pyarrow's own message does not name the file
@@ -226,11 +251,7 @@ def read_row_group(
     against the model's vocabulary before anything is narrowed or shipped.
     """
     path = spec.files[f]
-    t, retries = _read_table(fs, path, g, spec.has_sample_id[f], spec.retry)
-    known = spec.rg_digests[f] if f < len(spec.rg_digests) else ()
-    rewritten = bool(known) and input_ids_digest(t["input_ids"]) != known[g]
-    if not (local.size == t.num_rows and np.array_equal(local, np.arange(t.num_rows))):
-        t = t.take(pa.array(local))  # resume or quarantine: keep only planned rows
+    t, rewritten, retries = _read_table(fs, spec, f, g, local)
     if spec.has_sample_id[f]:
         got = t["sample_id"].to_numpy()
         if not np.array_equal(got, sids):
