@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import statistics
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -264,6 +265,39 @@ class _StorePeak:
         self._thread.join()
 
 
+def _rss(pid: int) -> int:
+    """Resident bytes of process `pid` (Linux /proc); 0 once it has ended."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+class _RssPeak:
+    """Polls the peak RSS of some processes (by pid) in a thread."""
+
+    def __init__(self, pids: list[int], every_s: float = 0.25):
+        self.pids, self.peak = pids, [0] * len(pids)
+        self.every_s, self._stop = every_s, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self.peak = [max(p, _rss(pid)) for p, pid in zip(self.peak, self.pids, strict=True)]
+            if self._stop.wait(self.every_s):
+                return
+
+    def close(self) -> list[int]:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
 def measure_chapters(
     num_samples: int = 100_000,
     consumers: int = 2,
@@ -277,8 +311,8 @@ def measure_chapters(
     """One cold epoch per chapter size (None: the whole epoch in one), as training runs it: the
     feeder starts with prefetch on and the consumers ask for their parts at once. Reports the
     time to the first micro-batch, the epoch's wall time, tokens/s per consumer, the peak of the
-    object store above its level before the feeder started, and the feeder's own peak of part
-    bytes held."""
+    object store above its level before the feeder started, the feeder's own peak of part
+    bytes held, and the feeder's and this process's peak RSS."""
     import ray
 
     if not ray.is_initialized():
@@ -304,9 +338,13 @@ def measure_chapters(
             with _StorePeak() as store:
                 t0 = time.time()
                 feeder = start_feeder(cfg, index, edges, name=name, path=data_dir, prefetch=True)
-                res = ray.get([consume.remote(name, 0, r, consumers) for r in range(consumers)])
+                calls = [consume.remote(name, 0, r, consumers) for r in range(consumers)]
+                pid = ray.get(feeder.__ray_call__.remote(lambda self: os.getpid()))
+                rss = _RssPeak([pid, os.getpid()])
+                res = ray.get(calls)
                 hist = ray.get(feeder.history.remote())
                 held = ray.get(feeder.memory.remote())
+                feeder_rss, driver_rss = rss.close()
                 stop_feeder(name)
             first = max(r["first"] for r in res) - t0
             out.append(
@@ -326,6 +364,8 @@ def measure_chapters(
                     "peak_object_store_bytes": store.peak,
                     "spilled_bytes": store.spilled,
                     "feeder_peak_held_bytes": held["peak_held_bytes"],
+                    "feeder_peak_rss_bytes": feeder_rss,
+                    "driver_peak_rss_bytes": driver_rss,
                     "max_chapter_bytes": max(h["bytes"] for h in hist),
                 }
             )

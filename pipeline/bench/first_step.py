@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import statistics
 import tempfile
-import threading
 import time
 
 import numpy as np
 
-from pipeline.bench.delivery import _StorePeak, write_corpus
+from pipeline.bench.delivery import _RssPeak, _StorePeak, write_corpus
 from pipeline.core.chapters import (
     chapter_read_bytes,
     lead_in_bounds,
@@ -98,39 +97,6 @@ class _Consumer:
 
     def consume(self, *args) -> dict:
         return _consume(*args)
-
-
-def _rss(pid: int) -> int:
-    """Resident bytes of process `pid` (Linux /proc); 0 once it has ended."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
-class _RssPeak:
-    """Polls the peak RSS of some processes (by pid) in a thread."""
-
-    def __init__(self, pids: list[int], every_s: float = 0.25):
-        self.pids, self.peak = pids, [0] * len(pids)
-        self.every_s, self._stop = every_s, threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            self.peak = [max(p, _rss(pid)) for p, pid in zip(self.peak, self.pids, strict=True)]
-            if self._stop.wait(self.every_s):
-                return
-
-    def close(self) -> list[int]:
-        self._stop.set()
-        self._thread.join()
-        return self.peak
 
 
 def _run(cfg, index, edges, path, start, stop, consumers) -> dict:

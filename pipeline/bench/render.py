@@ -211,6 +211,57 @@ def _section_padding(r: dict) -> list[str]:
     return out
 
 
+def _chapter_row(c: dict) -> list[str]:
+    rss = (
+        f"{c['feeder_peak_rss_bytes'] / 1e6:,.0f} / {c['driver_peak_rss_bytes'] / 1e6:,.0f}"
+        if "feeder_peak_rss_bytes" in c
+        else "not measured"
+    )
+    return [
+        f"{c['num_samples']:,}",
+        "whole epoch" if c["chapter_tokens"] is None else f"{c['chapter_tokens']:,}",
+        f"{c['chapters']}",
+        f"{c['first_step_s']:.1f}",
+        f"{c['epoch_s']:.1f}",
+        f"{c['peak_object_store_bytes'] / 1e6:,.0f}",
+        f"{c.get('spilled_bytes', 0) / 1e6:,.0f}",
+        f"{c['feeder_peak_held_bytes'] / 1e6:,.0f}",
+        rss,
+    ]
+
+
+def chapter_growth(chapters: list[dict]) -> list[str]:
+    """The whole epoch's object-store peak from the smallest corpus measured to the largest, as
+    a ratio next to the tokens'; and at each corpus size, the chapters' peak against it."""
+
+    def mb(c: dict) -> str:
+        spilled = c.get("spilled_bytes", 0)
+        tail = f" ({spilled / 1e6:,.0f} MB spilled)" if spilled else ""
+        return f"{c['peak_object_store_bytes'] / 1e6:,.0f} MB{tail}"
+
+    whole = {c["num_samples"]: c for c in chapters if c["chapter_tokens"] is None}
+    out = []
+    if len(whole) >= 2:
+        a, b = whole[min(whole)], whole[max(whole)]
+        if a["peak_object_store_bytes"] > 0:
+            out.append(
+                f"Whole epoch: from {a['num_samples']:,} to {b['num_samples']:,} samples "
+                f"({b['num_tokens'] / a['num_tokens']:.1f}x the tokens) the object-store peak "
+                f"grew {b['peak_object_store_bytes'] / a['peak_object_store_bytes']:.1f}x, to "
+                f"{mb(b)}."
+            )
+    for c in chapters:
+        w = whole.get(c["num_samples"])
+        if c["chapter_tokens"] is None or w is None or w["peak_object_store_bytes"] <= 0:
+            continue
+        out.append(
+            f"At {c['num_samples']:,} samples, chapters of {c['chapter_tokens']:,} tokens "
+            f"peaked at {mb(c)}, {c['peak_object_store_bytes'] / w['peak_object_store_bytes']:.2f}"
+            " of the whole epoch's."
+        )
+    return out + ([""] if out else [])
+
+
 def _section_delivery(r: dict) -> list[str]:
     d = r["delivery"]
     out = ["## 4. Pipeline delivery", ""]
@@ -252,13 +303,18 @@ def _section_delivery(r: dict) -> list[str]:
         ],
         rows,
     )
-    chapters = [(x, c) for x in d["runs"].values() for c in x.get("chapters", [])]
+    chapters = [
+        c | {"num_samples": x["num_samples"]}
+        for x in d["runs"].values()
+        for c in x.get("chapters", [])
+    ] + d.get("chapters", [])
     if chapters:
         out += [
             "",
             "Chapters (`pipeline.bench.delivery.measure_chapters`): one cold epoch as training "
             "runs it (feeder prefetching, consumers asking at once), whole and in chapters. The "
-            "object store peak is above its level before the feeder started.",
+            "object store peak is above its level before the feeder started; spilled: bytes Ray "
+            "spilled to disk during the epoch.",
             "",
         ]
         out += _table(
@@ -269,21 +325,13 @@ def _section_delivery(r: dict) -> list[str]:
                 "first micro-batch (s)",
                 "epoch (s)",
                 "object store peak (MB)",
+                "spilled (MB)",
                 "feeder parts held, peak (MB)",
+                "RSS peak feeder / driver (MB)",
             ],
-            [
-                [
-                    f"{x['num_samples']:,}",
-                    "whole epoch" if c["chapter_tokens"] is None else f"{c['chapter_tokens']:,}",
-                    f"{c['chapters']}",
-                    f"{c['first_step_s']:.1f}",
-                    f"{c['epoch_s']:.1f}",
-                    f"{c['peak_object_store_bytes'] / 1e6:,.0f}",
-                    f"{c['feeder_peak_held_bytes'] / 1e6:,.0f}",
-                ]
-                for x, c in chapters
-            ],
+            [_chapter_row(c) for c in chapters],
         )
+        out += [""] + chapter_growth(chapters)
     return out + section_first_steps(d.get("first_steps", []))
 
 

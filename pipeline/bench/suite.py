@@ -59,6 +59,9 @@ class SuiteOptions:
     full_delivery_repeats: int = 1  # epochs at 902K: each sorts ~1 GB (~80 s on 2 cores)
     # Below 902K: one cold epoch whole and one in chapters of this many tokens (None: skip).
     delivery_chapter_tokens: int | None = 2**25
+    # One cold epoch whole and one in chapters of data.chapter_tokens' default at these sizes
+    # too: memory against corpus size, with and without chapters (None in measure_chapters).
+    chapter_samples: list[int] = field(default_factory=lambda: [PRESETS["seed902k"]])
     # Time to the first step, cold and after a restart mid-chapter, and the delivery rates past
     # it (pipeline.bench.first_step), with the data section's defaults unless overridden here.
     first_step_samples: list[int] = field(default_factory=lambda: [100_000, 902_087, 2_000_000])
@@ -85,6 +88,7 @@ class SuiteOptions:
             delivery_samples=[5_000],
             delivery_repeats=1,
             delivery_chapter_tokens=2**20,
+            chapter_samples=[],
             first_step_samples=[5_000],
             first_step_chapters=2,
             first_step_repeats=2,
@@ -254,7 +258,35 @@ def section_delivery(opts: SuiteOptions, log: Callable[[str], None]) -> dict:
             )
         r["wall_s"] = time.perf_counter() - t
         runs[str(n)] = r
-    return {"runs": runs, "first_steps": _first_steps(opts, log)}
+    return {"runs": runs, "chapters": _chapters(opts, log), "first_steps": _first_steps(opts, log)}
+
+
+def _shards(n: int) -> int:
+    """Shards of the bench corpus of `n` samples: ~28K samples per shard from the preset's
+    size up, as its 32 shards hold; 8 below."""
+    big = n >= PRESETS["seed902k"]
+    return 32 * max(1, round(n / PRESETS["seed902k"])) if big else 8
+
+
+def _chapters(opts: SuiteOptions, log: Callable[[str], None]) -> list[dict]:
+    """measure_chapters at `opts.chapter_samples`: the whole epoch, then chapters of the
+    default size; each row gets its corpus size."""
+    from pipeline.bench.delivery import measure_chapters
+    from pipeline.core.sections import DataConfig
+
+    out = []
+    for n in opts.chapter_samples:
+        shards = _shards(n)
+        log(f"delivery: {n:,} samples, one cold epoch whole and one in default chapters")
+        rows = measure_chapters(
+            n,
+            2,
+            (None, DataConfig.model_fields["chapter_tokens"].default),
+            shards=shards,
+            data_dir=f"data/bench/seed902k-{n}-{shards}",
+        )
+        out += [c | {"num_samples": n} for c in rows]
+    return out
 
 
 def _first_steps(opts: SuiteOptions, log: Callable[[str], None]) -> list[dict]:
@@ -262,9 +294,7 @@ def _first_steps(opts: SuiteOptions, log: Callable[[str], None]) -> list[dict]:
 
     out = []
     for n in opts.first_step_samples:
-        # ~28K samples per shard from the preset's size up, as its 32 shards hold
-        big = n >= PRESETS["seed902k"]
-        shards = 32 * max(1, round(n / PRESETS["seed902k"])) if big else 8
+        shards = _shards(n)
         log(f"delivery: {n:,} samples, time to the first step cold and after a restart")
         t = time.perf_counter()
         r = measure_first_steps(

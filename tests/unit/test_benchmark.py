@@ -212,6 +212,7 @@ def _fake_delivery() -> dict:
         "epoch_s": 2.0,
         "peak_object_store_bytes": 4e7,
         "feeder_peak_held_bytes": 2e7,
+        "num_tokens": 5_000_000,
     }
     run["chapters"] = [
         chapter | {"chapter_tokens": None, "chapters": 1},
@@ -243,7 +244,20 @@ def _fake_delivery() -> dict:
     }
     big = first | {"num_samples": 10_000, "num_tokens": 10_000_000}
     big["cold"] = side | {"peak_object_store_bytes": 5e7}
-    return {"runs": {"5000": run}, "first_steps": [first, big]}
+    # measure_chapters at a larger corpus (suite option chapter_samples), with RSS and a spill
+    at_size = chapter | {
+        "num_samples": 10_000,
+        "num_tokens": 10_000_000,
+        "feeder_peak_rss_bytes": 5e8,
+        "driver_peak_rss_bytes": 6e8,
+    }
+    chapters = [
+        at_size
+        | {"chapter_tokens": None, "chapters": 1, "peak_object_store_bytes": 1.2e8}
+        | {"spilled_bytes": 3e7},
+        at_size | {"chapter_tokens": 2**21, "chapters": 5, "peak_object_store_bytes": 4.4e7},
+    ]
+    return {"runs": {"5000": run}, "chapters": chapters, "first_steps": [first, big]}
 
 
 @pytest.fixture(scope="module")
@@ -291,6 +305,19 @@ def test_markdown_has_every_table_and_no_placeholder(results, tmp_path):
         assert bad not in doc.replace("`{", "").replace("}`", ""), bad
     assert "python -m jobs.benchmark --quick" in doc
     assert "| 5,000 | whole epoch | 1 |" in doc and "| 5,000 | 1,048,576 | 5 |" in doc
+    # memory against corpus size, whole and in chapters, with the feeder's and driver's RSS
+    assert "| 10,000 | whole epoch | 1 | 1.0 | 2.0 | 120 | 30 | 20 | 500 / 600 |" in doc
+    assert "| 10,000 | 2,097,152 | 5 | 1.0 | 2.0 | 44 | 0 | 20 | 500 / 600 |" in doc
+    assert (
+        "Whole epoch: from 5,000 to 10,000 samples (2.0x the tokens) the object-store peak "
+        "grew 3.0x, to 120 MB (30 MB spilled)." in doc
+    )
+    assert (
+        "At 10,000 samples, chapters of 2,097,152 tokens peaked at 44 MB, 0.37 of the whole " in doc
+    )
+    assert (
+        "At 5,000 samples, chapters of 1,048,576 tokens peaked at 40 MB, 1.00 of the whole " in doc
+    )
     # time to the first step: cold (first range read in the feeder) and after a restart
     assert (
         "| 5,000 | 5 M | 2 of 3 | 1.0 | 2.0 (30,000 tok, feeder) | 2.0 (30,000 tok, step 40)" in doc
