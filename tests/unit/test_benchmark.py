@@ -395,3 +395,18 @@ def test_the_readme_headline_states_the_real_text_and_the_synthetic_readability(
     syn = results["training"]["readability"]["optimal:auto"]["ratio"]
     assert real in head and f"{syn:.2f} on the synthetic corpus" in head
     assert "on the Python" not in render_headline(results, doc_path="BENCHMARKS.md")
+
+
+def test_a_whole_epoch_left_out_at_a_larger_corpus_is_said_with_its_size():
+    from pipeline.bench.render import whole_epoch_not_run
+
+    whole = {"chapter_tokens": None, "num_samples": 1000}
+    first = [{"num_samples": 1000, "num_tokens": 10**9}, {"num_samples": 2000, "num_tokens": 2e9}]
+    assert whole_epoch_not_run([whole], first) == [
+        "The whole epoch was not run at 2,000 samples: that epoch and the next, prefetched, "
+        "would hold up to 16.0 GB of int32 token ids in the object store at once; it is left "
+        "out to keep `make bench` within the machine's memory.",
+        "",
+    ]
+    assert whole_epoch_not_run([whole], first[:1]) == []
+    assert whole_epoch_not_run([], first) == []
