@@ -238,7 +238,7 @@ def section_delivery(opts: SuiteOptions, log: Callable[[str], None]) -> dict:
     runs = {}
     for n in opts.delivery_samples:
         full = n >= PRESETS["seed902k"]
-        shards = 32 if full else 8  # ~28K rows per shard at full size
+        shards = _shards(n)
         repeats = opts.full_delivery_repeats if full else opts.delivery_repeats
         log(f"delivery: {n:,} samples in {shards} shards, 2 consumers, {repeats} epochs")
         t = time.perf_counter()

@@ -178,9 +178,10 @@ def _read_table(fs: pafs.FileSystem, spec: ReadSpec, f: int, g: int, local: np.n
         pf = pq.ParquetFile(fs.open_input_file(path))
         cols = ["input_ids"] + (["sample_id"] if spec.has_sample_id[f] else [])
         cols += [c for c in ("loss_mask", "labels") if c in pf.schema_arrow.names]
-        digest = ContentDigest(pf.schema_arrow.field("input_ids").type.value_type)
-        t = _read_rows(pf, g, cols, local, digest if known else None)
-        return t, bool(known) and digest.hexdigest() != known[g]
+        value_type = pf.schema_arrow.field("input_ids").type.value_type
+        digest = ContentDigest(value_type) if known else None
+        t = _read_rows(pf, g, cols, local, digest)
+        return t, digest is not None and digest.hexdigest() != known[g]
 
     try:
         (t, rewritten), retries = with_retries(

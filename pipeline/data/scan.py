@@ -167,11 +167,14 @@ class ContentDigest:
     def update(self, input_ids: pa.Array | pa.ChunkedArray) -> None:
         """Add the next rows (a list array, or its chunks in order)."""
         for arr in input_ids.chunks if isinstance(input_ids, pa.ChunkedArray) else [input_ids]:
-            offs, vals, valid, _ = _list_parts(arr)
-            # the arrays' own buffers (C-contiguous: the same bytes as .tobytes(), no copy)
-            self._lengths.update(np.ascontiguousarray(np.diff(offs)))
-            self._valid.update(np.ascontiguousarray(valid))
-            self._values.update(np.ascontiguousarray(vals[offs[0] : offs[-1]]))
+            self.add(*_list_parts(arr)[:3])
+
+    def add(self, offs: np.ndarray, vals: np.ndarray, valid: np.ndarray) -> None:
+        """Add the next rows from their `_list_parts` (offsets, child values, validity)."""
+        # the arrays' own buffers (C-contiguous: the same bytes as .tobytes(), no copy)
+        self._lengths.update(np.ascontiguousarray(np.diff(offs)))
+        self._valid.update(np.ascontiguousarray(valid))
+        self._values.update(np.ascontiguousarray(vals[offs[0] : offs[-1]]))
 
     def hexdigest(self) -> str:
         h = hashlib.sha256(self._kind)
@@ -193,11 +196,13 @@ def _one(col: pa.ChunkedArray) -> pa.Array:
     return col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
 
 
-def _scan_rows(t: pa.Table, file_idx: int, row0: int) -> dict:
-    """Per-row facts of rows [row0, row0 + t.num_rows) of shard `file_idx`."""
+def _scan_rows(t: pa.Table, file_idx: int, row0: int, digest: ContentDigest) -> dict:
+    """Per-row facts of rows [row0, row0 + t.num_rows) of shard `file_idx`; their input_ids go
+    on to their row group's `digest`."""
     n = t.num_rows
     ids = _one(t["input_ids"])
     offs, raw, valid, child_nulls = _list_parts(ids)
+    digest.add(offs, raw, valid)
     starts, ends = offs[:-1], offs[1:]
     vals, huge = _as_int64(raw)
     lengths = pc.fill_null(pc.list_value_length(ids), 0).to_numpy().astype(np.int32)
@@ -310,8 +315,7 @@ def _read_file(path: str, file_idx: int, fs: pafs.FileSystem, counter: list[int]
             digest = ContentDigest(schema.field("input_ids").type.value_type)
             for b in row_group_batches(pf, g, cols):
                 t = pa.Table.from_batches([b])
-                parts.append(_scan_rows(t, file_idx, row0))
-                digest.update(t["input_ids"])
+                parts.append(_scan_rows(t, file_idx, row0, digest))
                 row0 += t.num_rows
             digests.append(digest.hexdigest())
     except Exception as e:
