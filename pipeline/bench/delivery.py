@@ -81,26 +81,25 @@ def baseline_delivery(cfg: RunConfig, index, edges, epoch: int, world: int, path
     }
 
 
-def _timed_index(data_dir: str, token_budget: int, vocab_size: int, consumers: int):
-    """The run config, the length index built cold (a fresh cache dir) and the seconds of the
-    cold and the cached build."""
-    with tempfile.TemporaryDirectory(prefix="bucketray-bench-index-") as cache:
-        cfg = RunConfig.model_validate(
-            {
-                # One chapter: this measures the whole epoch's sort (chapters: measure_chapters).
-                "data": {"path": data_dir, "cache_dir": cache, "chapter_tokens": None},
-                "batching": {"token_budget": token_budget},
-                "model": {"vocab_size": vocab_size},
-                "scaling": {"num_workers": consumers},
-            }
-        )
-        t = time.perf_counter()
-        index = build_length_index(cfg)  # cold: the cache dir is new
-        index_s = time.perf_counter() - t
-        t = time.perf_counter()
-        cached = build_length_index(cfg)
-        index_cached_s = time.perf_counter() - t
-        assert cached.from_cache and not index.from_cache
+def _timed_index(data_dir: str, token_budget: int, vocab_size: int, consumers: int, cache: str):
+    """The run config, the length index built cold (in `cache`, a fresh dir that also holds the
+    row cache) and the seconds of the cold and the cached build."""
+    cfg = RunConfig.model_validate(
+        {
+            # One chapter: this measures the whole epoch's sort (chapters: measure_chapters).
+            "data": {"path": data_dir, "cache_dir": cache, "chapter_tokens": None},
+            "batching": {"token_budget": token_budget},
+            "model": {"vocab_size": vocab_size},
+            "scaling": {"num_workers": consumers},
+        }
+    )
+    t = time.perf_counter()
+    index = build_length_index(cfg)  # cold: the cache dir is new
+    index_s = time.perf_counter() - t
+    t = time.perf_counter()
+    cached = build_length_index(cfg)
+    index_cached_s = time.perf_counter() - t
+    assert cached.from_cache and not index.from_cache
     return cfg, index, index_s, index_cached_s
 
 
@@ -156,17 +155,18 @@ def measure_delivery(
         progress=True,
     )
     gen_s = time.perf_counter() - t
-    cfg, index, index_s, index_cached_s = _timed_index(
-        data_dir, token_budget, vocab_size, consumers
-    )
-    t = time.perf_counter()
-    edges = resolve_edges(cfg, index.lengths)
-    edges_s = time.perf_counter() - t
+    with tempfile.TemporaryDirectory(prefix="bucketray-bench-index-") as cache:
+        cfg, index, index_s, index_cached_s = _timed_index(
+            data_dir, token_budget, vocab_size, consumers, cache
+        )
+        t = time.perf_counter()
+        edges = resolve_edges(cfg, index.lengths)
+        edges_s = time.perf_counter() - t
 
-    name = "bucketray-bench-feeder"
-    feeder = start_feeder(cfg, index, edges, name=name, path=data_dir, prefetch=False)
-    preps, per_consumer, totals, real, padded = _ray_epochs(feeder, name, consumers, repeats)
-    stop_feeder(name)
+        name = "bucketray-bench-feeder"
+        feeder = start_feeder(cfg, index, edges, name=name, path=data_dir, prefetch=False)
+        preps, per_consumer, totals, real, padded = _ray_epochs(feeder, name, consumers, repeats)
+        stop_feeder(name)
     base = [baseline_delivery(cfg, index, edges, e, consumers, data_dir) for e in range(repeats)]
 
     def med(xs):
@@ -191,6 +191,10 @@ def measure_delivery(
         "sort_s": med([p["sort_s"] for p in preps]),
         "split_s": med([p["split_s"] for p in preps]),
         "prepare_wall_s": med([p["prepare_wall_s"] for p in preps]),
+        # the first epoch fills the row cache (data.row_cache), the later ones read it
+        "prepare_first_s": preps[0]["prepare_wall_s"],
+        "prepare_later_s": med([p["prepare_wall_s"] for p in preps[1:]]) if repeats > 1 else None,
+        "row_cache": cfg.data.row_cache,
         "ray_tokens_per_s_per_consumer": per_consumer_med,
         "ray_tokens_per_s_per_consumer_all": [[round(v) for v in row] for row in per_consumer],
         "ray_tokens_per_s_total": med(totals),
@@ -265,30 +269,36 @@ class _StorePeak:
         self._thread.join()
 
 
-def _rss(pid: int) -> int:
-    """Resident bytes of process `pid` (Linux /proc); 0 once it has ended."""
+def _rss(pid: int) -> tuple[int, int]:
+    """(resident bytes, of which private: RssAnon) of process `pid` (Linux /proc); zeros once
+    it has ended. The rest is shared: the object store's pages it touched, files it mapped."""
+    got = {"VmRSS:": 0, "RssAnon:": 0}
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
+                k = line.split(maxsplit=1)[0] if line.strip() else ""
+                if k in got:
+                    got[k] = int(line.split()[1]) * 1024
     except OSError:
         pass
-    return 0
+    return got["VmRSS:"], got["RssAnon:"]
 
 
 class _RssPeak:
-    """Polls the peak RSS of some processes (by pid) in a thread."""
+    """Polls the peak RSS of some processes (by pid) in a thread; `anon` holds the peaks of
+    their private memory."""
 
     def __init__(self, pids: list[int], every_s: float = 0.25):
-        self.pids, self.peak = pids, [0] * len(pids)
+        self.pids, self.peak, self.anon = pids, [0] * len(pids), [0] * len(pids)
         self.every_s, self._stop = every_s, threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while True:
-            self.peak = [max(p, _rss(pid)) for p, pid in zip(self.peak, self.pids, strict=True)]
+            for i, pid in enumerate(self.pids):
+                rss, anon = _rss(pid)
+                self.peak[i], self.anon[i] = max(self.peak[i], rss), max(self.anon[i], anon)
             if self._stop.wait(self.every_s):
                 return
 
@@ -326,7 +336,13 @@ def measure_chapters(
         for ct in chapter_tokens:
             cfg = RunConfig.model_validate(
                 {
-                    "data": {"path": data_dir, "cache_dir": cache, "chapter_tokens": ct},
+                    "data": {
+                        "path": data_dir,
+                        "cache_dir": cache,
+                        "chapter_tokens": ct,
+                        # each size starts on an empty row cache: its first chapter fills it
+                        "row_cache_dir": f"{cache}/rows-{ct}",
+                    },
                     "batching": {"token_budget": token_budget},
                     "model": {"vocab_size": vocab_size},
                     "scaling": {"num_workers": consumers},
@@ -366,6 +382,7 @@ def measure_chapters(
                     "feeder_peak_held_bytes": held["peak_held_bytes"],
                     "feeder_peak_rss_bytes": feeder_rss,
                     "driver_peak_rss_bytes": driver_rss,
+                    "feeder_peak_private_bytes": rss.anon[0],  # of it, not shared
                     "max_chapter_bytes": max(h["bytes"] for h in hist),
                 }
             )

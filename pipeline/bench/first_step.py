@@ -5,7 +5,10 @@ a cold start at step 0 consumed through the first `chapters` regular chapters, t
 inside a chapter (a new feeder, as a resumed run gets) consumed for a few steps. It reports:
 
 - the time to the first micro-batch of every consumer, cold and after the restart, from the
-  feeder's start with the length index cached; the index's own build (once per corpus) apart;
+  feeder's start with the length index cached; the index's own build (once per corpus) apart.
+  With data.row_cache the first cold run starts on an empty row cache (a corpus this node has
+  not prepared before) and fills it; the second goes through the same chapters again from the
+  filled cache (`warm`), and the later starts find it filled too;
 - each consumer's rate on the blocks it was handed: real tokens over the time spent in the
   stream outside waits for a range (the first micro-batch of each range holds the wait for the
   feeder, and is counted as waiting); and the share of wall time spent waiting;
@@ -18,6 +21,7 @@ inside a chapter (a new feeder, as a resumed run gets) consumed for a few steps.
 
 from __future__ import annotations
 
+import os
 import statistics
 import tempfile
 import time
@@ -35,6 +39,7 @@ from pipeline.core.chapters import (
 from pipeline.core.config import RunConfig
 from pipeline.core.epochs import epoch_plan_for, resolve_edges
 from pipeline.data import build_length_index, rank_batches, start_feeder, stop_feeder
+from pipeline.data.rowcache import RowCache
 
 __all__ = ["measure_first_steps", "read_amplification"]
 
@@ -100,8 +105,6 @@ class _Consumer:
 
 
 def _run(cfg, index, edges, path, start, stop, consumers) -> dict:
-    import os
-
     import ray
 
     pool = [ray.remote(num_cpus=0)(_Consumer).remote() for _ in range(consumers)]
@@ -129,6 +132,11 @@ def _run(cfg, index, edges, path, start, stop, consumers) -> dict:
         "first_range_prepare_s": prep[0],
         "first_range_ready_s": hist[0]["done_at"] - t0,
         "ranges": [(h["start_step"], h["end_step"], h["tokens"], h["in_feeder"]) for h in hist],
+        # each range's preparation: its seconds, and where its row groups came from
+        "range_reads": [
+            {"prepare_s": p} | {k: h.get(k, 0) for k in ("rg_cached", "rg_filled", "rg_parquet")}
+            for h, p in zip(hist, prep, strict=True)
+        ],
         "consumer_tokens_per_s": rate,
         "wait_fraction": wait,
         "prepared_tokens": int(sum(h["tokens"] for h in hist)),
@@ -138,6 +146,7 @@ def _run(cfg, index, edges, path, start, stop, consumers) -> dict:
         "spilled_bytes": store.spilled,
         "feeder_peak_rss_bytes": feeder_rss,
         "driver_peak_rss_bytes": driver_rss,
+        "feeder_peak_private_bytes": rss.anon[0],  # of it, not shared
         "max_range_bytes": max(h["bytes"] for h in hist),
     }
 
@@ -182,9 +191,9 @@ def measure_first_steps(
     docstring); `data` overrides fields of the data section (chapter_tokens, lead_tokens).
 
     Times to the first step are noisy on a shared machine: the cold start and the restart
-    each run `repeats` times (the extra cold starts stop after `resume_steps` steps), and
-    `first_step_cold_s` / `first_step_resume_s` hold every time measured, in run order; the
-    "cold" and "resume" dicts are the first run of each."""
+    each run `repeats` times (the extra cold starts stop after `resume_steps` steps, except
+    the row cache's `warm` run), and `first_step_cold_s` / `first_step_resume_s` hold every
+    time measured, in run order; the "cold" and "resume" dicts are the first run of each."""
     import ray
 
     if not ray.is_initialized():
@@ -210,9 +219,14 @@ def measure_first_steps(
         b = plan_chapter_bounds(plan, max_steps=d.chapter_steps, max_tokens=d.chapter_tokens)
         c = min(chapters, b.size - 1)
         cold = _run(cfg, index, edges, data_dir, 0, int(b[c]), consumers)
-        colds = [cold["first_step_s"]] + [
-            _run(cfg, index, edges, data_dir, 0, resume_steps, consumers)["first_step_s"]
-            for _ in range(repeats - 1)
+        colds = [cold]
+        warm = None
+        if d.row_cache and repeats > 1:  # the same chapters again, from the filled row cache
+            warm = _run(cfg, index, edges, data_dir, 0, int(b[c]), consumers)
+            colds.append(warm)
+        colds += [
+            _run(cfg, index, edges, data_dir, 0, resume_steps, consumers)
+            for _ in range(repeats - len(colds))
         ]
         # a restart inside the chapter after the cold run's last: half-way through it
         k = min(c, b.size - 2)
@@ -223,6 +237,12 @@ def measure_first_steps(
         ]
         resume = resumes[0]
         reads = read_amplification(cfg, index, edges, consumers)
+        rows = RowCache.for_run(cfg, index)
+        row_cache_bytes = (
+            sum(e.stat().st_size for e in os.scandir(rows.root) if e.name.endswith(".arrow"))
+            if rows is not None and os.path.isdir(rows.root)
+            else 0
+        )
     return {
         "num_samples": num_samples,
         "num_tokens": index.num_tokens,
@@ -233,8 +253,12 @@ def measure_first_steps(
         "chapters_run": c,
         "index_build_s": index_s,
         "cold": cold,
+        "warm": warm,
         "resume": resume,
-        "first_step_cold_s": colds,
+        "row_cache": d.row_cache,
+        "row_groups": int(sum(len(r) for r in index.row_groups)),
+        "row_cache_bytes": row_cache_bytes,
+        "first_step_cold_s": [r["first_step_s"] for r in colds],
         "first_step_resume_s": [r["first_step_s"] for r in resumes],
         "reads": reads,
     }

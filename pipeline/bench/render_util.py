@@ -54,3 +54,13 @@ def _rel(path: str, doc: str) -> str:
 
 def _by_name(rows: list[dict]) -> dict:
     return {x["name"]: x for x in rows}
+
+
+def rss_pair(c: dict) -> str:
+    """ "feeder (private) / driver" peak RSS in MB; the feeder's private share where measured
+    (the rest is shared: object-store pages it wrote, row-cache files it mapped)."""
+    private = c.get("feeder_peak_private_bytes")
+    feeder = f"{c['feeder_peak_rss_bytes'] / 1e6:,.0f}"
+    if private is not None:
+        feeder += f" ({private / 1e6:,.0f})"
+    return f"{feeder} / {c['driver_peak_rss_bytes'] / 1e6:,.0f}"

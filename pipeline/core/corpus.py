@@ -28,12 +28,15 @@ MARKER = "_bucketray_synthetic.json"
 # is ~40 MB of int32 ids, well under Ray Data's 128 MB target block size. Smaller groups would
 # not cut what an epoch reads: with the global within-bucket shuffle every chapter (and every
 # lead-in range) has rows in nearly every group at 16K, 4K and 1K rows per group alike
-# (docs/architecture.md, "Chapters"), so an epoch reads the corpus about once per chapter.
+# (docs/architecture.md, "Chapters"), so an epoch reads the corpus about once per chapter
+# (once in all with the row cache, which decodes each group once).
 ROW_GROUP_ROWS = 16_384
 READS_NOTE = (
     "each chapter of an epoch (data.chapter_tokens) and each lead-in range after a start or "
-    "resume reads nearly every row group, whatever their size: an epoch reads the corpus about "
-    "once per chapter (docs/architecture.md, Chapters)"
+    "resume has rows in nearly every row group, whatever their size: with data.row_cache (the "
+    "default) the feeder decodes each row group once into its row cache and later chapters copy "
+    "their rows from it; without it an epoch reads the corpus about once per chapter "
+    "(docs/architecture.md, Chapters)"
 )
 
 

@@ -134,6 +134,19 @@ class DataConfig(_Section):
         "the chapter's end, so the first step waits for a small read. Null: the first step "
         "waits for its whole chapter.",
     )
+    row_cache: bool = Field(
+        True,
+        description="Keep each row group's checked rows, decoded once, in an uncompressed file on "
+        "the feeder's node, and prepare every range there from those files: a chapter then costs "
+        "its own bytes instead of a decode of the whole corpus, and its blocks live on the "
+        "feeder's node. Costs disk equal to the decoded corpus (4 bytes per token). False: each "
+        "chapter reads parquet and is sorted by Ray Data across the cluster.",
+    )
+    row_cache_dir: str | None = Field(
+        None,
+        description="Where the row cache is kept, a directory on the driver's node; null: `rows` "
+        "in the index cache when that is local, else ~/.cache/bucketray/rows.",
+    )
 
     # The data source: one group or the other (an override of one drops the other's fields).
     exclusive_groups: ClassVar[tuple[frozenset[str], ...]] = (
@@ -163,7 +176,7 @@ class DataConfig(_Section):
                 "data.glob and data.split select files under data.path and have no effect on the "
                 "synthetic corpus: remove them, or set data.path"
             )
-        for name in ("cache_dir", "quarantine_path"):
+        for name in ("cache_dir", "quarantine_path", "row_cache_dir"):
             v = getattr(self, name)
             if v is not None and not v.strip():
                 raise ValueError(f"data.{name} is empty: set a path, or null for the default")

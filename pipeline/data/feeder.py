@@ -3,8 +3,12 @@
 An epoch's global steps are cut into chapters (`pipeline.core.chapters`: at most
 data.chapter_tokens real tokens or data.chapter_steps steps each), and each chapter is prepared on
 its own: its plan (the epoch's, restricted to its steps) gives every sample a key (rank-major,
-then step, then slot); a Ray Data pass (`pipeline.data.sort_pass`) reads only the row groups
-holding the chapter's samples (`pipeline.data.read`), sorts by key across the cluster with range boundaries at the ranks' row
+then step, then slot). With data.row_cache (default) the feeder copies each rank's rows in key
+order out of the row cache (`pipeline.data.rowcache`: each row group decoded and checked once
+into a memory-mapped file on this node, filled by the first chapter that needs it) into blocks
+it puts itself (`pipeline.data.local_sort`). Without it a Ray Data pass
+(`pipeline.data.sort_pass`) reads only the row groups holding the chapter's samples
+(`pipeline.data.read`), sorts by key across the cluster with range boundaries at the ranks' row
 offsets (keys are dense, so no sampling pass is needed), materializes, and `split_at_indices`
 cuts one part per rank. The feeder is a named zero-CPU actor on the driver's node; it owns those
 blocks, starts the next chapter (or the next epoch's first) as soon as one is asked for, so the
@@ -13,7 +17,8 @@ are held at a time. Resuming at (e, s) prepares the chapter holding s from s (`E
 Where a request does not continue a range already decided (a cold start, a resume), a lead-in
 comes first (`chapters.lead_in_bounds`, data.lead_tokens): small ranges growing 4x up to the
 chapter's end, the smallest read and ordered in this process (`pipeline.data.local_sort`), so the
-first step waits for a few steps' rows, not a chapter. Each range's end is decided once per
+first step waits for a few steps' rows, not a chapter (on an empty row cache those small ranges
+read just their rows, filling nothing). Each range's end is decided once per
 (epoch, world size, start step) and given to every rank. A preparation that failed is dropped,
 and the next request prepares again.
 Ray restarts a dead feeder from its constructor arguments, which hold everything an epoch needs;
@@ -51,6 +56,7 @@ from pipeline.data.local_sort import local_parts, use_jemalloc
 from pipeline.data.protocol import RankPart
 from pipeline.data.read import ReadSpec, background_priority, plan_read_units
 from pipeline.data.retry import RetryPolicy
+from pipeline.data.rowcache import RowCache
 from pipeline.data.sort_pass import rows_per_block, sorted_parts
 
 __all__ = ["Feeder", "start_feeder", "stop_feeder", "FEEDER_MAX_CONCURRENCY"]
@@ -106,6 +112,7 @@ class Feeder:
         self.prefetch = prefetch
         self.fs = fs if fs is not None else filesystem_for(path)[0]
         self.spec = ReadSpec.of(index, self.cfg.model.vocab_size, retry or RetryPolicy())
+        self.rows = RowCache.for_run(self.cfg, index, self.spec.id_type)
         self.block_bytes = int(block_bytes)
         use_jemalloc()  # before any read: see its docstring
         # Ray Data is imported and configured by the first chapter's sort (`sort_pass`), not
@@ -214,14 +221,22 @@ class Feeder:
         refs: list[list] = [[] for _ in range(world_size)]
         # a lead-in's range (ending before its chapter does), small enough to read here
         lead_in = end_step < chapter_end(bounds, start_step) if start_step < epoch_steps else False
-        local = lead_in and 0 < int(plan.lengths.sum()) <= LOCAL_MAX_TOKENS
+        small = lead_in and 0 < int(plan.lengths.sum()) <= LOCAL_MAX_TOKENS
+        local = plan.num_samples > 0 and (small or self.rows is not None)
         block_rows = rows_per_block(plan, self.block_bytes) if plan.num_samples else 1
+        reads = {"rg_cached": 0, "rg_filled": 0, "rg_parquet": 0, "read_s": 0.0, "gather_s": 0.0}
         if local:
-            parts, retries = local_parts(self.fs, self.spec, units, rank_rows, block_rows)
+            # A lead-in's small range reads just its rows; a chapter fills the row cache.
+            fill = self.rows is not None and not small
+            parts, reads = local_parts(
+                self.fs, self.spec, units, rank_rows, block_rows, cache=self.rows, fill=fill
+            )
+            retries = reads.pop("read_retries")
             if retries:
                 self.note_read_retries(key, retries)
         elif plan.num_samples:
             parts = sorted_parts(self.fs, self.spec, plan, units, rank_rows, block_rows, key)
+            reads["rg_parquet"] = int(len(units["file_idx"]))
         t_sort = time.perf_counter()
         if parts:
             refs = [p.to_arrow_refs() for p in parts]
@@ -240,6 +255,7 @@ class Feeder:
             "row_groups_read": int(len(units["file_idx"])),
             "tokens": int(plan.lengths.sum()),
             "in_feeder": local,
+            **reads,  # row groups served from the row cache, read and cached, read from parquet
             "plan_s": t_plan - t0,
             "sort_s": t_sort - t_plan,
             "split_s": t_split - t_sort,

@@ -61,6 +61,7 @@ class LengthIndex:
     supervision: str = ""  # "", "loss_mask" or "labels": the column delivered as labels
     truncate_to: int | None = None  # rows longer than this are truncated at delivery
     path: str = ""
+    cache_dir: str = ""  # where the index cache is (the row cache defaults to a folder in it)
     from_cache: bool = False
     quarantine_path: str | None = None
     rg_footers: tuple = ()  # per file: footer fingerprint of each row group; () if unusable
@@ -126,6 +127,7 @@ def build_length_index(cfg: RunConfig, path: str | None = None) -> LengthIndex:
         supervision=_dataset_supervision(table),
         truncate_to=opts.top if opts.truncate else None,
         path=opts.path,
+        cache_dir=cache_dir,
         from_cache=from_cache,
         quarantine_path=v.quarantine_path,
         rg_footers=tuple(tuple(f) if f is not None else () for f in footers),

@@ -2,7 +2,7 @@
 
 Blocks arrive in plan order but cut anywhere; each block's sample ids and lengths are checked
 against the rank's plan view before use, a micro-batch spanning blocks copies just its own rows
-together, and `pipeline.core.collate` pads it with one boolean-mask scatter. An empty
+together, and `pipeline.core.collate` pads it (one gather of whole rows per output). An empty
 micro-batch (a bucket remainder smaller than the world size) comes out as [0, 0] tensors, so
 every rank yields exactly one micro-batch per global step.
 """

@@ -236,6 +236,7 @@ def run(cfg: RunConfig, *, address: str | None = None) -> TrainSummary:
     import ray
 
     from pipeline.data import build_length_index, resolve_data_path, resolve_edges, start_feeder
+    from pipeline.data.rowcache import RowCache
 
     t0 = time.perf_counter()
     check_stable_paths(cfg)
@@ -255,6 +256,10 @@ def run(cfg: RunConfig, *, address: str | None = None) -> TrainSummary:
     note = truncation_note(index)
     if note:
         print(f"[bucketray] {note}", flush=True)
+    rows = RowCache.for_run(cfg, index)
+    print(
+        f"[bucketray] {rows.describe() if rows else 'row cache off (data.row_cache)'}", flush=True
+    )
     S = f"{min(steps)}-{max(steps)}" if min(steps) != max(steps) else str(steps[0])
     print(
         f"[bucketray] {len(index.lengths):,} samples, edges {edges}, {S} steps/epoch, "

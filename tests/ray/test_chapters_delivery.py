@@ -184,9 +184,27 @@ def test_a_lead_in_then_chapters_deliver_the_unchaptered_sequence(data, start):
     want += [(c.first_step, c.end_step) for c in chapters_from(bounds, int(cuts[-1]))]
     assert [(s["start_step"], s["end_step"]) for s in status] == want
     assert {s["plan_hash"] for s in status} == {plan.content_hash}
-    # a lead-in's ranges (ending before their chapter) are read in the feeder, chapters by Ray Data
+    # every range is prepared in the feeder; a lead-in's ranges (ending before their chapter)
+    # read just their rows, a chapter reads whole row groups into the row cache (or finds them
+    # there)
     lead_in = [e < chapter_end(bounds, a) for a, e in want]
-    assert [s["in_feeder"] for s in status] == lead_in and any(lead_in)
+    assert any(lead_in) and all(s["in_feeder"] for s in status)
+    for s, small in zip(status, lead_in, strict=True):
+        assert s["rg_filled"] == 0 if small else s["rg_parquet"] == 0, s
+
+
+def test_without_the_row_cache_chapters_are_sorted_by_ray_data_after_the_lead_in(data):
+    world = 2
+    plan = data.plan(0, world)
+    cfg = data.lead_cfg.model_copy(deep=True)
+    cfg.data.row_cache = False
+    led, status = data.streams(cfg, world)
+    whole, _ = data.streams(data.whole_cfg, world)
+    assert_same_streams(led, whole)
+    # the lead-in's ranges are read in the feeder, chapters by a Ray Data pass; all from parquet
+    lead_in = [s["end_step"] < chapter_end(data.bounds(plan), s["start_step"]) for s in status]
+    assert [s["in_feeder"] for s in status] == lead_in and any(lead_in) and not all(lead_in)
+    assert all(s["rg_parquet"] == s["row_groups_read"] for s in status)
 
 
 def test_a_range_started_ahead_is_the_one_the_ranks_ask_for(data):

@@ -45,7 +45,9 @@ class Data:
         self.tokens = write_corpus(
             self.path, self.lengths, shards=SHARDS, rows_per_group=ROWS_PER_GROUP
         )
-        self.cfg = base_cfg(self.path, train={"epochs": 2})
+        # Every preparation reads parquet here (faults of the storage are the subject); the row
+        # cache, which serves later chapters from its own files, is tested in test_row_cache.
+        self.cfg = base_cfg(self.path, train={"epochs": 2}, data={"row_cache": False})
         self.index = build_length_index(self.cfg)
         self.edges = resolve_edges(self.cfg, self.index.lengths)
 

@@ -2,7 +2,8 @@
 against a real S3 server (moto's server mode) on 127.0.0.1 that this module starts itself.
 
 Credentials and the endpoint come from the environment only (AWS_* variables), as on a cluster;
-the configs name nothing but s3:// URIs.
+the configs name nothing but s3:// URIs, and the row cache's local directory (files to
+memory-map are on the driver's node whatever the data's storage).
 """
 
 from __future__ import annotations
@@ -129,7 +130,12 @@ def corpus(s3, tmp_path_factory) -> str:
 
 def tiny_config(tmp: Path, name: str) -> dict:
     return {
-        "data": {"path": CORPUS, "max_length": 64, "over_length": "truncate"},
+        "data": {
+            "path": CORPUS,
+            "max_length": 64,
+            "over_length": "truncate",
+            "row_cache_dir": str(tmp / "rows"),
+        },
         "buckets": {"num_buckets": 2},
         "batching": {"token_budget": 1024},
         "model": {"vocab_size": 64, "d_model": 32, "n_layers": 1, "n_heads": 2, "d_ff": 64},
@@ -210,6 +216,7 @@ def test_killed_run_resumes_from_the_bucket_with_the_planned_batches(
         s3, run_prefix
     )
     assert _objects(s3, f"{BUCKET}/corpus/_bucketray_index"), "no index cache in the bucket"
+    assert list((tmp_path / "rows").glob("*.arrow")), "no row cache on the driver's node"
 
     # Second run, same run name: the index comes from the cache (a rescan would fail here) and
     # training continues from the bucket's latest checkpoint.

@@ -200,6 +200,9 @@ def _fake_delivery() -> dict:
         "num_tokens": 5_000_000,
         "repeats": 1,
         "prepare_wall_s": 2.0,
+        "row_cache": True,
+        "prepare_first_s": 5.0,
+        "prepare_later_s": 1.5,
         "plan_s": 0.01,
         "sort_s": 1.5,
         "split_s": 0.1,
@@ -229,6 +232,7 @@ def _fake_delivery() -> dict:
         "max_range_bytes": 2e7,
         "feeder_peak_rss_bytes": 3e8,
         "driver_peak_rss_bytes": 4e8,
+        "feeder_peak_private_bytes": 1e8,
     }
     first = {
         "num_samples": 5000,
@@ -238,11 +242,19 @@ def _fake_delivery() -> dict:
         "chapters": 3,
         "chapters_run": 2,
         "index_build_s": 1.0,
-        "cold": side,
+        "cold": side | {"range_reads": [{"rg_parquet": 8, "rg_filled": 0}] * 2},
+        "warm": side
+        | {"consumer_tokens_per_s": 3e8, "range_reads": [{"rg_parquet": 0, "rg_filled": 0}]},
         "resume": side,
+        "row_cache": True,
+        "row_groups": 8,
+        "row_cache_bytes": 2.5e7,
+        "first_step_cold_s": [4.0, 1.0, 2.0, 3.0],
+        "first_step_resume_s": [2.0],
         "reads": {"chapters_amplification": 3.0, "with_lead_in_amplification": 4.5},
     }
     big = first | {"num_samples": 10_000, "num_tokens": 10_000_000}
+    big |= {"row_cache": False, "warm": None, "first_step_cold_s": [2.0]}
     big["cold"] = side | {"peak_object_store_bytes": 5e7}
     # measure_chapters at a larger corpus (suite option chapter_samples), with RSS and a spill
     at_size = chapter | {
@@ -304,6 +316,7 @@ def test_markdown_has_every_table_and_no_placeholder(results, tmp_path):
     for bad in ("nan", "None", "TODO", "XXX", "{", "}"):
         assert bad not in doc.replace("`{", "").replace("}`", ""), bad
     assert "python -m jobs.benchmark --quick" in doc
+    assert "| 5.0 / 1.5 |" in doc  # the first epoch's preparation (fills the row cache), later
     assert "| 5,000 | whole epoch | 1 |" in doc and "| 5,000 | 1,048,576 | 5 |" in doc
     # memory against corpus size, whole and in chapters, with the feeder's and driver's RSS
     assert "| 10,000 | whole epoch | 1 | 1.0 | 2.0 | 120 | 30 | 20 | 500 / 600 |" in doc
@@ -318,11 +331,16 @@ def test_markdown_has_every_table_and_no_placeholder(results, tmp_path):
     assert (
         "At 5,000 samples, chapters of 1,048,576 tokens peaked at 40 MB, 1.00 of the whole " in doc
     )
-    # time to the first step: cold (first range read in the feeder) and after a restart
+    # time to the first step: cold on the empty row cache (first range read in the feeder),
+    # cold on the filled one (median, range), after a restart; rates from the filled-cache run
     assert (
-        "| 5,000 | 5 M | 2 of 3 | 1.0 | 2.0 (30,000 tok, feeder) | 2.0 (30,000 tok, step 40)" in doc
+        "| 5,000 | 5 M | 2 of 3 | 1.0 | 4.0 (30,000 tok, feeder) | 2.0 (1.0-3.0, 3 runs) | "
+        "2.0 (30,000 tok, step 40) | 300 | 30.0 | 50% | 40 | 20 | 300 (100) / 400 | 2.00 / 0.00 | "
+        "0.03 | 3.00x / 4.50x |" in doc
     )
-    assert "| 200 | 30.0 | 50% | 40 | 20 | 300 / 400 | 3.00x / 4.50x |" in doc
+    # without the row cache: no empty-cache column, no decodes recorded, rates from the cold run
+    assert "| 10,000 | 10 M | 2 of 3 | 1.0 | off | 2.0 | 2.0 (30,000 tok, step 40) | 200 |" in doc
+    assert "| 300 (100) / 400 | - / - | off | 3.00x / 4.50x |" in doc
     assert "object-store peak grew 1.2x" in doc
     assert "load average" in doc
     for p in results["plots"]:
