@@ -73,7 +73,14 @@ def _growth(runs: list[dict]) -> list[str]:
         f"From {a['num_samples']:,} to {b['num_samples']:,} samples "
         f"({b['num_tokens'] / a['num_tokens']:.1f}x the tokens) the object-store peak grew "
         f"{ratio('peak_object_store_bytes'):.1f}x, the feeder's RSS peak "
-        f"{ratio('feeder_peak_rss_bytes'):.1f}x and the driver's "
+        f"{ratio('feeder_peak_rss_bytes'):.1f}x"
+        + (
+            f" (its private memory {ratio('feeder_peak_private_bytes'):.1f}x; the rest is "
+            "shared: row-cache files it mapped, object-store pages it wrote)"
+            if "feeder_peak_private_bytes" in ca and "feeder_peak_private_bytes" in cb
+            else ""
+        )
+        + " and the driver's "
         f"{ratio('driver_peak_rss_bytes'):.1f}x; at {b['num_samples']:,} samples the peak was "
         f"{cb['peak_object_store_bytes'] / max(cb['max_range_bytes'], 1):.1f} times the largest "
         "range prepared.",

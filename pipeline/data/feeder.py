@@ -72,7 +72,8 @@ FEEDER_MAX_CONCURRENCY = 64
 # re-sort of the epoch in flight; a feeder that keeps dying has a cause no restart fixes, and
 # once they are used up the workers' requests fail, and the run with them, instead of waiting.
 FEEDER_MAX_RESTARTS = 4
-# A lead-in's ranges of at most this many real tokens are read and ordered inside the feeder
+# A lead-in's ranges of at most this many real tokens read just their rows and never fill the
+# row cache; without the row cache they are the only ranges read and ordered inside the feeder
 # (`pipeline.data.local_sort`), skipping the Ray Data pass and its fixed costs.
 LOCAL_MAX_TOKENS = 2**24
 # Stats of the last preparations kept for `history()` (a few epochs' chapters).

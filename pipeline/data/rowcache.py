@@ -108,11 +108,13 @@ class RowCache:
         sizes = [os.path.getsize(p) for p in paths if os.path.exists(p)]
         if not groups:
             return f"row cache {self.root}: nothing to cache"
-        return (
+        line = (
             f"row cache {self.root}: {len(sizes)} of {len(groups)} row groups "
-            f"({sum(sizes) / 1e9:.2f} GB); the rest are decoded once, by the first chapter that "
-            "needs them"
+            f"({sum(sizes) / 1e9:.2f} GB)"
         )
+        if len(sizes) < len(groups):
+            line += "; the rest are decoded once, by the first chapter that needs them"
+        return line
 
     def path(self, f: int, g: int) -> str:
         return os.path.join(self.root, f"{self._keys[f]}-g{g:05d}.arrow")

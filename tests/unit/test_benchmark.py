@@ -341,7 +341,9 @@ def test_markdown_has_every_table_and_no_placeholder(results, tmp_path):
     # without the row cache: no empty-cache column, no decodes recorded, rates from the cold run
     assert "| 10,000 | 10 M | 2 of 3 | 1.0 | off | 2.0 | 2.0 (30,000 tok, step 40) | 200 |" in doc
     assert "| 300 (100) / 400 | - / - | off | 3.00x / 4.50x |" in doc
-    assert "object-store peak grew 1.2x" in doc
+    assert (
+        "object-store peak grew 1.2x, the feeder's RSS peak 1.0x (its private memory 1.0x;" in doc
+    )
     assert "load average" in doc
     for p in results["plots"]:
         assert p.endswith(".png")

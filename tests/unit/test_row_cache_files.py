@@ -136,6 +136,9 @@ def test_the_run_describes_its_row_cache_in_one_line(tmp_path):
     assert cache.root == str(tmp_path)
     assert cache.describe().startswith(f"row cache {tmp_path}: 0 of 3 row groups (0.00 GB)")
     cache.store(1, 0, np.array([0, 2, 3]), _rows_table([5, 1, 2]))
-    assert ": 1 of 3 row groups" in cache.describe()
+    assert ": 1 of 3 row groups" in cache.describe() and "the rest" in cache.describe()
+    cache.store(0, 0, np.array([0, 1, 2]), _rows_table([3, 1, 2]))
+    cache.store(0, 1, np.array([0, 1]), _rows_table([4, 2]))
+    assert ": 3 of 3 row groups" in cache.describe() and "the rest" not in cache.describe()
     off = cfg.model_copy(update={"data": cfg.data.model_copy(update={"row_cache": False})})
     assert RowCache.for_run(off, _index()) is None
