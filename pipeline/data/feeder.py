@@ -113,7 +113,7 @@ class Feeder:
         self.prefetch = prefetch
         self.fs = fs if fs is not None else filesystem_for(path)[0]
         self.spec = ReadSpec.of(index, self.cfg.model.vocab_size, retry or RetryPolicy())
-        self.rows = RowCache.for_run(self.cfg, index, self.spec.id_type)
+        self.rows = RowCache.for_run(self.cfg, index)
         self.block_bytes = int(block_bytes)
         use_jemalloc()  # before any read: see its docstring
         # Ray Data is imported and configured by the first chapter's sort (`sort_pass`), not

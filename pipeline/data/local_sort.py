@@ -193,9 +193,7 @@ def local_parts(
     order = np.empty(rows.keys.size, dtype=np.int64)
     order[rows.keys] = np.arange(rows.keys.size)  # row holding key k; keys are exactly 0..N-1
     dtype = np.dtype(spec.id_type)
-    sup_dtype = None
-    if spec.supervision:
-        sup_dtype = np.dtype(np.int8 if spec.supervision == "loss_mask" else spec.id_type)
+    sup_dtype = None if spec.sup_type is None else np.dtype(spec.sup_type)
     starts = np.concatenate([[0], np.cumsum(rank_rows)]).astype(np.int64)
     parts = []
     for a, e in zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True):

@@ -30,6 +30,7 @@ from pipeline.data.scan import ContentDigest, row_group_batches
 __all__ = [
     "ReadSpec",
     "background_priority",
+    "id_type_for",
     "in_background",
     "plan_read_units",
     "read_row_group",
@@ -94,8 +95,21 @@ class ReadSpec:
 
     @property
     def id_type(self):
-        """Narrowest token dtype for the vocabulary: int32 halves the bytes sorted and shipped."""
-        return np.int32 if self.vocab_size <= np.iinfo(np.int32).max else np.int64
+        """Narrowest token dtype for the vocabulary (`id_type_for`)."""
+        return id_type_for(self.vocab_size)
+
+    @property
+    def sup_type(self):
+        """The delivered supervision's dtype: int8 for a loss mask, else the token dtype
+        (labels are token ids); None without supervision."""
+        if not self.supervision:
+            return None
+        return np.int8 if self.supervision == "loss_mask" else self.id_type
+
+
+def id_type_for(vocab_size: int):
+    """Narrowest token dtype for the vocabulary: int32 halves the bytes sorted and shipped."""
+    return np.int32 if vocab_size <= np.iinfo(np.int32).max else np.int64
 
 
 def plan_read_units(index: LengthIndex, sample_ids: np.ndarray, keys: np.ndarray) -> dict:
@@ -291,9 +305,8 @@ def read_row_group(
         ),
     }
     if sup is not None:
-        sup_type = np.int8 if spec.supervision == "loss_mask" else spec.id_type
         cols["sup"] = pa.LargeListArray.from_arrays(
-            offsets, pa.array(sup.astype(sup_type, copy=False))
+            offsets, pa.array(sup.astype(spec.sup_type, copy=False))
         )
     return pa.table(cols), retries
 

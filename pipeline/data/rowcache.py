@@ -32,6 +32,8 @@ import uuid
 import numpy as np
 import pyarrow as pa
 
+from pipeline.data.read import id_type_for, plan_read_units
+
 __all__ = ["RowCache", "CachedRows", "row_cache_dir_for", "ROW_CACHE_VERSION", "MIN_FREE_BYTES"]
 
 log = logging.getLogger("bucketray.data")
@@ -57,10 +59,9 @@ class CachedRows:
     token (and supervision) values with each row's offsets into them."""
 
     def __init__(self, table: pa.Table):
-        def flat(name):
-            arr = table[name].chunk(0) if table[name].num_chunks == 1 else None
-            if arr is None:
-                arr = table[name].combine_chunks()
+        def flat(name):  # a file holds one record batch: one chunk, no copy
+            col = table[name]
+            arr = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
             return arr.values.to_numpy(), arr.offsets.to_numpy()
 
         self.rows = table["row"].to_numpy()
@@ -91,15 +92,13 @@ class RowCache:
         self.written_bytes = 0
 
     @classmethod
-    def for_run(cls, cfg, index, id_type=None) -> RowCache | None:
+    def for_run(cls, cfg, index) -> RowCache | None:
         """The run's row cache (data.row_cache_dir, else beside the index), None when off."""
         if not cfg.data.row_cache:
             return None
-        if id_type is None:  # as ReadSpec.id_type
-            v = int(cfg.model.vocab_size)
-            id_type = np.int32 if v <= np.iinfo(np.int32).max else np.int64
+        vocab = int(cfg.model.vocab_size)
         root = row_cache_dir_for(cfg.data.row_cache_dir, index.cache_dir)
-        return cls(root, index, int(cfg.model.vocab_size), id_type)
+        return cls(root, index, vocab, id_type_for(vocab))
 
     def describe(self) -> str:
         """Where it is and how much of this index it holds, in one line."""
@@ -142,8 +141,6 @@ class RowCache:
 
     def indexed(self, f: int, g: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(local rows, sample ids, lengths) of every indexed row of row group g of file f."""
-        from pipeline.data.read import plan_read_units
-
         with self._lock:
             if self._all is None:
                 ix = self.index
