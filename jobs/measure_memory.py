@@ -1,6 +1,6 @@
 """Peak memory of a short training run: `python -m jobs.measure_memory [--set KEY=VALUE ...]`.
 
-Runs configs/local.yaml on the 100K-sample preset (train.max_steps=20, W&B disabled) on a local
+Runs configs/local_full.yaml on the 100K-sample preset (train.max_steps=20, W&B disabled) on a local
 Ray instance of its own and prints the peak resident set size (VmHWM) of the driver, of each
 training worker and of the feeder actor, sampled from /proc every 0.2 s. The driver holds the
 length index (a few numbers per sample), never token data: tokens go from the shards through
@@ -62,7 +62,7 @@ def _watch(peaks: dict, stop: threading.Event) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m jobs.measure_memory", description=__doc__)
-    ap.add_argument("--config", default="configs/local.yaml", help="YAML run config")
+    ap.add_argument("--config", default="configs/local_full.yaml", help="YAML run config")
     add_overrides(ap, "override a config field (repeatable), on top of the 100K-sample preset")
     args = ap.parse_args(argv)
     os.environ.setdefault("WANDB_MODE", "disabled")

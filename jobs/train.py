@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.train.launch import run
 
     try:
-        summary = run(cfg, address=args.address)
+        summary = run(cfg, address=args.address, debug=debug)
     except Exception as e:
         # A user error: a config, data, resume or checkpoint error, a non-finite loss (any class
         # with `retryable = False`), or storage that cannot be reached or written (OSError).
@@ -63,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {_one_line(e)}", file=sys.stderr)
         return 2
     print(f"[bucketray] done: {summary}", flush=True)
+    if summary.picture:
+        print(f"[bucketray] picture of the run: {summary.picture}", flush=True)
     return 0
 
 

@@ -94,7 +94,7 @@ def measure_realtext(
     max_length: int = 512,
     max_steps: int | None = 300,
     token_budget: int | None = None,
-    config: str = "configs/local.yaml",
+    config: str = "configs/local_full.yaml",
     seed: int = 0,
     log=print,
 ) -> dict:
@@ -208,9 +208,11 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--work", default="out/bench-realtext", help="corpus, index, runs")
     p.add_argument("--max-steps", type=int, default=300)
     p.add_argument("--max-length", type=int, default=512)
-    p.add_argument("--token-budget", type=int, help="default: the config's (local.yaml: 16384)")
+    p.add_argument(
+        "--token-budget", type=int, help="default: the config's (local_full.yaml: 16384)"
+    )
     p.add_argument("--seed", type=int, default=0, help="plan.seed and train.seed")
-    p.add_argument("--config", default="configs/local.yaml")
+    p.add_argument("--config", default="configs/local_full.yaml")
     a = p.parse_args(argv)
     r = measure_realtext(
         a.work,

@@ -225,7 +225,7 @@ def measure_training(
     batching: dict | None = None,
     repeats: int = 3,
     policies=POLICIES,
-    config: str = "configs/local.yaml",
+    config: str = "configs/local_full.yaml",
     log=print,
 ) -> dict:
     """Train one epoch per policy, `repeats` rounds (policies rotated within a round, so slow

@@ -58,11 +58,17 @@ class SyntheticConfig(_Section):
         "seed902k",
         description="seed902k: the seed-calibrated synthetic lengths (pipeline.core.synthetic); "
         "pystdlib: real text, this Python's standard library split into functions, byte tokens "
-        "(vocab 259; num_samples and seed are ignored), see pipeline/core/textcorpus.py.",
+        "(vocab 259), see pipeline/core/textcorpus.py.",
     )
-    num_samples: PositiveInt = Field(20_000, description="Number of samples to generate.")
+    num_samples: PositiveInt = Field(
+        20_000,
+        description="seed902k: number of samples to generate. pystdlib: at most this many "
+        "definitions, a subset drawn with `seed` when the library has more.",
+    )
     shards: PositiveInt = Field(4, description="Number of parquet shards to write.")
-    seed: NonNegativeInt = Field(0, description="Generator seed: same seed, same corpus.")
+    seed: NonNegativeInt = Field(
+        0, description="Generator seed (pystdlib: which subset): same seed, same corpus."
+    )
     out_dir: str = Field(
         "data/synthetic",
         description="Where the corpus is written on first use (relative paths: from the working dir).",

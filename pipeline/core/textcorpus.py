@@ -171,7 +171,14 @@ def _file_digest(path: str | None) -> str | None:
     return None if path is None else hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def _params(preset: str, shards: int, root: str, tokenizer: str | None) -> dict:
+def _params(
+    preset: str,
+    shards: int,
+    root: str,
+    tokenizer: str | None,
+    max_samples: int | None = None,
+    seed: int = 0,
+) -> dict:
     return {
         "version": 1,
         "preset": preset,
@@ -179,7 +186,18 @@ def _params(preset: str, shards: int, root: str, tokenizer: str | None) -> dict:
         "root": str(root),
         "shards": int(shards),
         "tokenizer_sha256": _file_digest(tokenizer),
+        "max_samples": None if max_samples is None else int(max_samples),
+        "subset_seed": int(seed),
     }
+
+
+def subset(n: int, max_samples: int | None, seed: int) -> np.ndarray:
+    """Which of `n` definitions the corpus keeps: all, or `max_samples` of them drawn with
+    `seed`, in their source order (so a subset is spread over the whole library)."""
+    if max_samples is None or max_samples >= n:
+        return np.arange(n)
+    rng = np.random.default_rng((int(seed), n))
+    return np.sort(rng.choice(n, size=int(max_samples), replace=False))
 
 
 def text_corpus_is_current(
@@ -189,6 +207,8 @@ def text_corpus_is_current(
     shards: int = 4,
     root: str | None = None,
     tokenizer: str | None = None,
+    max_samples: int | None = None,
+    seed: int = 0,
 ) -> bool:
     """True when `out_dir` holds a complete corpus built with these parameters by this Python."""
     marker = Path(out_dir) / TEXT_MARKER
@@ -198,7 +218,7 @@ def text_corpus_is_current(
         found = json.loads(marker.read_text())
     except (OSError, json.JSONDecodeError):
         return False
-    want = _params(preset, shards, str(root or stdlib_root()), tokenizer)
+    want = _params(preset, shards, str(root or stdlib_root()), tokenizer, max_samples, seed)
     return {k: found.get(k) for k in want} == want
 
 
@@ -239,12 +259,15 @@ def write_text_corpus(
     shards: int = 4,
     root: str | None = None,
     tokenizer: str | None = None,
+    max_samples: int | None = None,
+    seed: int = 0,
     progress: bool = True,
 ) -> dict:
     """Build the corpus into `out_dir` (idempotent); returns a summary with the marker's fields.
 
     `root` replaces the stdlib directory (tests use a small one); `tokenizer` is a local
-    tokenizer.json used instead of bytes.
+    tokenizer.json used instead of bytes; `max_samples` keeps at most that many definitions, a
+    subset drawn with `seed` (`subset`).
     """
     if preset not in TEXT_PRESETS:
         raise ValueError(f"unknown text preset {preset!r}: choose one of {list(TEXT_PRESETS)}")
@@ -254,9 +277,15 @@ def write_text_corpus(
     if not src.is_dir():
         raise FileNotFoundError(f"source directory not found: {src}")
     out = Path(out_dir)
-    params = _params(preset, shards, str(src), tokenizer)
+    params = _params(preset, shards, str(src), tokenizer, max_samples, seed)
     if text_corpus_is_current(
-        out, preset=preset, shards=shards, root=str(src), tokenizer=tokenizer
+        out,
+        preset=preset,
+        shards=shards,
+        root=str(src),
+        tokenizer=tokenizer,
+        max_samples=max_samples,
+        seed=seed,
     ):
         summary = json.loads((out / TEXT_MARKER).read_text())
         return {**summary, "skipped": True, "out_dir": str(out)}
@@ -267,6 +296,9 @@ def write_text_corpus(
     snippets, texts, skipped = _collect(src)
     if not snippets:
         raise ValueError(f"no functions, methods or classes found under {src}")
+    found = len(snippets)
+    keep = subset(found, max_samples, seed)
+    snippets, texts = [snippets[i] for i in keep], [texts[i] for i in keep]
     ids = np.array([stable_id(s.file, s.start) for s in snippets], dtype=np.int64)
     if np.unique(ids).size != ids.size:  # pragma: no cover - a 62-bit hash collision
         raise AssertionError("sample id collision in the text corpus")
@@ -282,6 +314,7 @@ def write_text_corpus(
     summary = {
         **params,
         "samples": n,
+        "definitions_found": found,
         "tokens": int(offsets[-1]),
         "files_read": len({s.file for s in snippets}),
         "files_skipped": skipped,
@@ -291,8 +324,9 @@ def write_text_corpus(
     }
     marker.write_text(json.dumps(summary))
     if progress:
+        of = f" (a subset of {found:,})" if n < found else ""
         print(
-            f"textcorpus: {n:,} samples, {summary['tokens']:,} tokens from "
+            f"textcorpus: {n:,} samples{of}, {summary['tokens']:,} tokens from "
             f"{summary['files_read']} files ({len(skipped)} skipped) in "
             f"{time.perf_counter() - t0:.1f} s -> {out}",
             file=sys.stderr,

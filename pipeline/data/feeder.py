@@ -78,8 +78,9 @@ FEEDER_MAX_RESTARTS = 4
 LOCAL_MAX_TOKENS = 2**24
 # Stats of the last preparations kept for `history()` (a few epochs' chapters).
 HISTORY = 256
-# Handles held by this (driver) process: a named actor without a handle would be reclaimed.
-_FEEDERS: dict[str, object] = {}
+# (handle, index ref) held by this (driver) process: a named actor without a handle would be
+# reclaimed, and a restarted feeder reads its index from the ref.
+_FEEDERS: dict[str, tuple] = {}
 
 
 @dataclass
@@ -98,7 +99,7 @@ class Feeder:
     def __init__(
         self,
         cfg: dict,
-        index: LengthIndex,
+        index: LengthIndex | str,
         edges: list[int],
         path: str,
         prefetch: bool = True,
@@ -106,6 +107,7 @@ class Feeder:
         retry: RetryPolicy | None = None,
         block_bytes: int = TARGET_BLOCK_BYTES,
     ):
+        index = _index_of(index)
         self.cfg = RunConfig.model_validate(cfg)
         self.index = index
         self.edges = [int(e) for e in edges]
@@ -449,6 +451,15 @@ def start_feeder(
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     stop_feeder(name)
+    node = ray.get_runtime_context().get_node_id()
+    holder_name = f"{name}-index"
+    holder = (
+        ray.remote(num_cpus=0, max_restarts=0)(IndexHolder)
+        .options(
+            name=holder_name, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
+        )
+        .remote(index)
+    )
     actor_cls = ray.remote(
         num_cpus=0,
         max_concurrency=FEEDER_MAX_CONCURRENCY,
@@ -456,12 +467,14 @@ def start_feeder(
         # A part() call cut short by a restart runs again on the new feeder: it only prepares.
         max_task_retries=-1,
     )(Feeder)
-    node = ray.get_runtime_context().get_node_id()
     handle = actor_cls.options(
         name=name, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
     ).remote(
         cfg.model_dump(mode="json"),
-        index,
+        # The holder's name, not the index: Ray does not keep a restartable actor's constructor
+        # arguments that live in the object store (it warns at error level), so a restarted
+        # feeder fetches the index again from the holder.
+        holder_name,
         list(edges),
         path,
         prefetch,
@@ -471,8 +484,29 @@ def start_feeder(
         retry,
         block_bytes,
     )
-    _FEEDERS[name] = handle
+    _FEEDERS[name] = (handle, holder)
     return handle
+
+
+class IndexHolder:
+    """The run's length index for the feeder's starts and restarts (a zero-CPU actor on the
+    feeder's node that is never restarted, so its own constructor argument is safe)."""
+
+    def __init__(self, index: LengthIndex):
+        self.index = index
+
+    def get(self) -> LengthIndex:
+        return self.index
+
+
+def _index_of(index: LengthIndex | str) -> LengthIndex:
+    """The constructor's index: given directly (tests, an in-process feeder) or as the name of
+    its IndexHolder actor."""
+    if isinstance(index, str):
+        import ray
+
+        return ray.get(ray.get_actor(index).get.remote())
+    return index
 
 
 def stop_feeder(name: str) -> None:
@@ -480,7 +514,8 @@ def stop_feeder(name: str) -> None:
     import ray
 
     _FEEDERS.pop(name, None)
-    try:
-        ray.kill(ray.get_actor(name), no_restart=True)
-    except ValueError:
-        pass
+    for actor in (name, f"{name}-index"):
+        try:
+            ray.kill(ray.get_actor(actor), no_restart=True)
+        except ValueError:
+            pass

@@ -55,11 +55,14 @@ def resolve_data_path(cfg: RunConfig) -> str:
     syn = cfg.data.synthetic
     out = os.path.abspath(syn.out_dir)
     if syn.preset in TEXT_PRESETS:  # real text: the interpreter's stdlib source, built once
-        if not text_corpus_is_current(out, preset=syn.preset, shards=syn.shards):
+        text = dict(
+            preset=syn.preset, shards=syn.shards, max_samples=syn.num_samples, seed=syn.seed
+        )
+        if not text_corpus_is_current(out, **text):
             print(
                 f"bucketray: writing the {syn.preset} text corpus to {out} (first use)", flush=True
             )
-            write_text_corpus(out, preset=syn.preset, shards=syn.shards)
+            write_text_corpus(out, **text)
         return out
     params = dict(
         preset=syn.preset,

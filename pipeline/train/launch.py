@@ -28,6 +28,12 @@ from pipeline.core.metrics import padding_efficiency
 from pipeline.core.plan import EpochPlan
 from pipeline.core.runlength import run_length
 from pipeline.learn.checkpoint import SAVE_FAIL_ENV
+from pipeline.train.console import (
+    WORKER_ENV,
+    quiet_driver_logging,
+    quiet_ray_data,
+    show_run_lines_only,
+)
 from pipeline.train.control import trainer_class, user_error
 from pipeline.train.loop import (
     FAIL_AT_STEP_ENV,
@@ -80,6 +86,7 @@ class TrainSummary:
     checkpoint: str | None
     seconds: float
     stopped: bool = False  # ended early on request (SIGINT / SIGTERM), with a checkpoint
+    picture: str | None = None  # the run's PNG (pipeline.train.run_picture), if one was drawn
 
     def __str__(self) -> str:
         head = "stopped on request after" if self.stopped else "trained"
@@ -147,10 +154,13 @@ def epoch_metrics(plan: EpochPlan, edges: list[int], pad_to_multiple_of: int) ->
     return out
 
 
-def init_ray(address: str | None = None, *, timeout_s: float = CONNECT_TIMEOUT_S) -> bool:
+def init_ray(
+    address: str | None = None, *, timeout_s: float = CONNECT_TIMEOUT_S, debug: bool = False
+) -> bool:
     """Start or join Ray: `address` (the --address flag), else RAY_ADDRESS, else a private local
     instance. A given address that does not answer within `timeout_s` is a one-line
-    ConfigError, not minutes of silent retries. True if it joined a running cluster."""
+    ConfigError, not minutes of silent retries. Unless `debug`, the console shows the run's own
+    lines only (`pipeline.train.console`). True if it joined a running cluster."""
     import ray
 
     if ray.is_initialized():
@@ -168,7 +178,12 @@ def init_ray(address: str | None = None, *, timeout_s: float = CONNECT_TIMEOUT_S
             ) from None
     if target != "local":
         check_reachable(target, timeout_s)
-    ray.init(address=target)
+    ctx = ray.init(address=target, logging_level=quiet_driver_logging(debug))
+    quiet_ray_data(debug)
+    if not debug:
+        show_run_lines_only()
+        logs = f"{ctx.address_info.get('session_dir', '/tmp/ray/session_latest')}/logs"
+        print(f"[bucketray] Ray's own output: {logs} (--debug prints it here)", flush=True)
     return target != "local"
 
 
@@ -231,8 +246,9 @@ def _plan_epochs(cfg: RunConfig, index, edges: list[int]) -> tuple[list[dict], l
     return epochs, steps
 
 
-def run(cfg: RunConfig, *, address: str | None = None) -> TrainSummary:
-    """Prepare data, train to the end of the configured run, return the final summary."""
+def run(cfg: RunConfig, *, address: str | None = None, debug: bool = False) -> TrainSummary:
+    """Prepare data, train to the end of the configured run, draw its picture, return the final
+    summary."""
     import ray
 
     from pipeline.data import build_length_index, resolve_data_path, resolve_edges, start_feeder
@@ -240,7 +256,7 @@ def run(cfg: RunConfig, *, address: str | None = None) -> TrainSummary:
 
     t0 = time.perf_counter()
     check_stable_paths(cfg)
-    _check_resources(cfg, wait_s=NODES_WAIT_S if init_ray(address) else 0.0)
+    _check_resources(cfg, wait_s=NODES_WAIT_S if init_ray(address, debug=debug) else 0.0)
     fs, rdir = _run_fs(cfg)
 
     path = resolve_data_path(cfg)
@@ -291,7 +307,30 @@ def run(cfg: RunConfig, *, address: str | None = None) -> TrainSummary:
         checkpoint=_checkpoint_uri(result.checkpoint),
         seconds=time.perf_counter() - t0,
         stopped=bool(m.get("stopped", 0)),
+        picture=_draw_picture(cfg),
     )
+
+
+def _draw_picture(cfg: RunConfig) -> str | None:
+    """The run's PNG beside its checkpoints (uploaded there for a remote storage path). A picture
+    that cannot be drawn is a warning, never a failed run: the checkpoints are what matter."""
+    import tempfile
+    import warnings
+
+    from pipeline.train.run_picture import PICTURE_FILE, draw_run
+
+    target = f"{run_dir(cfg)}/{PICTURE_FILE}"
+    try:
+        if "://" not in target:
+            return draw_run(run_dir(cfg), target)
+        fs, path = _run_fs(cfg)
+        with tempfile.TemporaryDirectory() as d:
+            local = draw_run(run_dir(cfg), f"{d}/{PICTURE_FILE}")
+            pafs.copy_files(local, f"{path}/{PICTURE_FILE}", destination_filesystem=fs)
+        return target
+    except Exception as e:  # noqa: BLE001 - reported, and the run's result stands
+        warnings.warn(f"could not draw the run's picture: {type(e).__name__}: {e}", stacklevel=2)
+        return None
 
 
 def _loop_inputs(
@@ -342,7 +381,10 @@ def _fit(cfg: RunConfig, inputs: LoopInputs, stop_flag):
                 controller_failure_limit=cfg.scaling.start_retries,
             ),
             worker_runtime_env={
-                "env_vars": {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+                "env_vars": {
+                    **WORKER_ENV,
+                    **{k: os.environ[k] for k in FORWARDED_ENV if k in os.environ},
+                }
             },
         ),
     )

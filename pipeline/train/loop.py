@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 from pipeline.core.config import RunConfig
 from pipeline.learn.checkpoint import load_checkpoint
 from pipeline.learn.logger import make_logger
+from pipeline.train.console import run_warnings_as_lines
 from pipeline.train.faults import FAIL_AT_STEP_ENV, FAIL_MARKER_ENV, FAIL_RANK_ENV
+from pipeline.train.history import StepHistory
 from pipeline.train.progress import SampleRecorder
 from pipeline.train.step import GroupStats, train_group
 from pipeline.train.stop import stop_flag_name, stop_poller
@@ -61,6 +63,7 @@ def train_loop(config: dict) -> None:
 
     from pipeline.data import rank_batches  # the Ray Data layer; imported on the worker
 
+    run_warnings_as_lines()
     inp = LoopInputs(**config)
     cfg = RunConfig.model_validate(inp.cfg)
     ctx = ray.train.get_context()
@@ -88,7 +91,7 @@ def train_loop(config: dict) -> None:
     ckpt = ray.train.get_checkpoint()
     if ckpt is not None:
         with ckpt.as_directory() as d:
-            trainer.resume(load_checkpoint(d, rank=rank))
+            trainer.resume(load_checkpoint(d, rank=rank), StepHistory.read_dir(d))
     else:
         trainer.resume(None)
     logger = make_logger(

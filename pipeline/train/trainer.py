@@ -41,6 +41,7 @@ from pipeline.learn.loss import NonFiniteGuard
 from pipeline.learn.model import build_model
 from pipeline.learn.optim import build_optimizer, build_scheduler
 from pipeline.train.faults import maybe_fail
+from pipeline.train.history import StepHistory
 from pipeline.train.progress import SampleRecorder, Window, progress_line, step_metrics
 from pipeline.train.step import GroupStats, all_reduce, train_group
 
@@ -124,6 +125,8 @@ class Trainer:
         self.window = Window()
         self.ddp = self.model  # wrapped in DDP by fit() under a process group
         self.lr = self.grad_norm = self.debiased = float("nan")  # of the last step
+        self.history = StepHistory()  # rank 0's record of every global step, saved in checkpoints
+        self.last_step_end = time.perf_counter()
 
     def steps_in(self, epoch: int) -> int:
         """The planned global steps of `epoch` (0 past the epochs the run reaches)."""
@@ -131,8 +134,9 @@ class Trainer:
         return planned[epoch] if epoch < len(planned) else 0
 
     # ---- resume (contract 7)
-    def resume(self, state: TrainState | None) -> None:
-        """Continue from `state` (this rank's view of the latest checkpoint), or start fresh."""
+    def resume(self, state: TrainState | None, history: StepHistory | None = None) -> None:
+        """Continue from `state` (this rank's view of the latest checkpoint) and the step history
+        saved with it, or start fresh."""
         spec = self.spec
         if state is None:
             seed_worker(self.cfg.train.seed, spec.rank, 0)
@@ -154,6 +158,9 @@ class Trainer:
         self.counters, self.run_id = dict(state.counters), state.wandb_run_id
         self.position = p.normalized(self.steps_in(p.epoch))
         self.steps_done = p.steps_done
+        if history is not None:
+            history.truncate(p.steps_done)
+            self.history = history
         if state.rng is not None and p.world_size == spec.world:
             set_rng_state(state.rng)
         else:
@@ -179,6 +186,7 @@ class Trainer:
             else self.model
         )
         self.run_t0, self.run_steps0 = time.perf_counter(), self.steps_done
+        self.last_step_end = self.run_t0
         status = "done"
         for epoch in range(self.position.epoch, self.cfg.train.epochs):
             if self.steps_done >= self.total_steps:
@@ -250,11 +258,26 @@ class Trainer:
         self.counters["tokens"] += float(stats.real.sum())
         self.counters["padded"] += float(stats.padded.sum())
         self.counters["samples"] += float(stats.samples.sum())
-        self.debiased = float("nan")
+        debiased = [float("nan")] * len(group)
         if finite:
-            for i, b in enumerate(stats.buckets):
-                self.debiased = self.tracker.update(b, losses[i])
+            debiased = [self.tracker.update(b, losses[i]) for i, b in enumerate(stats.buckets)]
+        self.debiased = debiased[-1]
         self.last_loss = losses[-1]
+        now = time.perf_counter()
+        per_step_s = (now - self.last_step_end) / len(group)
+        self.last_step_end = now
+        for i, b in enumerate(stats.buckets):
+            self.history.append(
+                step=self.steps_done - len(group) + i + 1,
+                epoch=epoch,
+                bucket=b,
+                loss=losses[i],
+                debiased=debiased[i],
+                lr=self.lr,
+                real=float(stats.real[i]),
+                padded=float(stats.padded[i]),
+                seconds=per_step_s,
+            )
         self.recorder.record(epoch, stats)
         self.window.add(stats, wait_s)
         return stats
@@ -343,6 +366,8 @@ class Trainer:
             "stopped": int(stopped),
         }
         with tempfile.TemporaryDirectory(prefix="bucketray-ckpt-") as d:
+            if self.spec.rank == 0:
+                self.history.write(d)
             save_checkpoint(d, state, rank=self.spec.rank)
             self.save(d, metrics, f"checkpoint_step{done:08d}")
         self.logger.log({"checkpoint/save_s": time.perf_counter() - t0}, step=done)

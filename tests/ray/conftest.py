@@ -44,3 +44,33 @@ def cluster(_shutdown_ray_at_exit):
     again after a module that used a private one)."""
     if not ray.is_initialized():
         start_local_ray()
+
+
+@pytest.fixture(scope="session")
+def tiny_run(_shutdown_ray_at_exit, tmp_path_factory):
+    """The tiny run (`tests.helpers.tiny_raw`: 2 epochs, 2 workers) trained once per session,
+    with its metrics and every trained sample id recorded: `test_train_e2e` checks the run,
+    `test_resume` compares a failed and restarted run with it. Returns (cfg, summary, metrics
+    as a list of dicts, its tmp dir)."""
+    import json
+
+    from pipeline.core.config import validate
+    from pipeline.train.launch import run
+    from tests.helpers import tiny_raw
+
+    if not ray.is_initialized():
+        start_local_ray()
+    tmp = tmp_path_factory.mktemp("e2e")
+    cfg = validate(
+        tiny_raw(
+            tmp,
+            train={
+                "metrics_file": str(tmp / "metrics.jsonl"),
+                "record_sample_ids": str(tmp / "ids"),
+            },
+            checkpoint={"run_name": "e2e"},
+        )
+    )
+    summary = run(cfg)
+    metrics = [json.loads(x) for x in (tmp / "metrics.jsonl").read_text().splitlines()]
+    return cfg, summary, metrics, tmp

@@ -1,6 +1,7 @@
 """Contract 7, exact resume: a run that fails after step 22 and restarts from its step-15
-checkpoint trains exactly the batches of the uninterrupted run and ends with the same weights.
-A stop request ends a run early with a checkpoint at the step it stopped."""
+checkpoint trains exactly the batches of the uninterrupted run (the session's tiny run, which
+`test_train_e2e` checks) and ends with the same weights. A stop request ends a run early with a
+checkpoint at the step it stopped."""
 
 from __future__ import annotations
 
@@ -16,38 +17,11 @@ from pipeline.learn.checkpoint import load_checkpoint
 from pipeline.train.launch import run
 from pipeline.train.loop import FAIL_AT_STEP_ENV, FAIL_MARKER_ENV
 from pipeline.train.stop import create_stop_flag, request_stop, stop_flag_name
+from tests.helpers import tiny_raw
 
 pytestmark = pytest.mark.ray
 
 CHECKPOINT_EVERY, FAIL_AFTER = 15, 22
-
-
-def tiny_config(tmp: Path, name: str) -> dict:
-    return {
-        "data": {
-            "synthetic": {"num_samples": 600, "shards": 2, "out_dir": str(tmp.parent / "data")},
-            "max_length": 64,
-            "over_length": "truncate",
-        },
-        "buckets": {"num_buckets": 2},
-        "batching": {"token_budget": 1024},
-        "model": {"vocab_size": 64, "d_model": 32, "n_layers": 1, "n_heads": 2, "d_ff": 64},
-        "train": {
-            "epochs": 1,
-            "lr": 1e-2,
-            "warmup_steps": 5,
-            "log_every": 5,
-            "record_sample_ids": str(tmp / "ids"),
-        },
-        "wandb": {"mode": "disabled"},
-        "scaling": {"num_workers": 2, "cpus_per_worker": 0.5},
-        "checkpoint": {
-            "storage_path": str(tmp / "runs"),
-            "run_name": name,
-            "every_steps": CHECKPOINT_EVERY,
-            "max_failures": 1,
-        },
-    }
 
 
 def _records(ids_dir: Path) -> list[dict]:
@@ -64,14 +38,18 @@ def _trained(records: list[dict]) -> dict:
 
 
 def test_contract7_restart_after_failure_trains_the_same_batches_and_weights(
-    cluster, tmp_path, monkeypatch
+    cluster, tiny_run, tmp_path, monkeypatch
 ):
-    ref_dir, failed_dir = tmp_path / "reference", tmp_path / "failed"
-    ref = run(validate(tiny_config(ref_dir, "reference")))
-
+    _, ref, _, ref_dir = tiny_run  # the same data, model and batches, never interrupted
+    failed_dir = tmp_path / "failed"
     monkeypatch.setenv(FAIL_AT_STEP_ENV, str(FAIL_AFTER))
     monkeypatch.setenv(FAIL_MARKER_ENV, str(tmp_path / "failed-once"))
-    resumed = run(validate(tiny_config(failed_dir, "failed")))
+    cfg = tiny_raw(
+        failed_dir,
+        train={"record_sample_ids": str(failed_dir / "ids")},
+        checkpoint={"run_name": "failed", "every_steps": CHECKPOINT_EVERY, "max_failures": 1},
+    )
+    resumed = run(validate(cfg))
 
     # It really failed and restarted from the step-15 checkpoint, on every rank.
     recs = _records(failed_dir / "ids")
@@ -87,7 +65,9 @@ def test_contract7_restart_after_failure_trains_the_same_batches_and_weights(
         mine = [r for r in recs if r["rank"] == rank]
         restart = max(i for i, r in enumerate(mine) if r.get("event") == "start")
         after_restart.update({(r["epoch"], r["step"], rank): r["ids"] for r in mine[restart + 1 :]})
-    assert after_restart == {k: v for k, v in reference.items() if k[1] >= CHECKPOINT_EVERY}
+    assert after_restart == {
+        k: v for k, v in reference.items() if k[0] > 0 or k[1] >= CHECKPOINT_EVERY
+    }
 
     # And the same model at the end (CPU: equal up to float rounding).
     a, b = load_checkpoint(ref.checkpoint), load_checkpoint(resumed.checkpoint)
@@ -99,7 +79,13 @@ def test_contract7_restart_after_failure_trains_the_same_batches_and_weights(
 def test_stop_request_ends_the_run_with_a_checkpoint_at_the_next_step(cluster, tmp_path):
     """The driver's side of Ctrl-C / SIGTERM: a request on the run's stop flag makes every
     worker finish its step, checkpoint there and return; fit() ends normally."""
-    cfg = validate(tiny_config(tmp_path, "stopped"))
+    cfg = validate(
+        tiny_raw(
+            tmp_path,
+            train={"epochs": 1, "record_sample_ids": str(tmp_path / "ids")},
+            checkpoint={"run_name": "stopped"},
+        )
+    )
     flag = create_stop_flag(stop_flag_name(cfg.checkpoint.run_name))
     request_stop(flag, "SIGTERM")  # before the first step: the run stops after step 1
     try:

@@ -12,6 +12,7 @@ import pytest
 from pipeline.core.config import ConfigError, validate
 from pipeline.learn.checkpoint import load_checkpoint
 from pipeline.learn.model import build_model
+from pipeline.train.history import StepHistory
 from pipeline.train.launch import run
 from tests.helpers import tiny_raw as tiny_config
 
@@ -40,21 +41,9 @@ EPOCH_METRICS = {
 
 
 @pytest.fixture(scope="module")
-def trained(cluster, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("e2e")
-    cfg = validate(
-        tiny_config(
-            tmp,
-            train={
-                "metrics_file": str(tmp / "metrics.jsonl"),
-                "record_sample_ids": str(tmp / "ids"),
-            },
-            checkpoint={"run_name": "e2e"},
-        )
-    )
-    summary = run(cfg)
-    metrics = [json.loads(x) for x in (tmp / "metrics.jsonl").read_text().splitlines()]
-    return cfg, summary, metrics, tmp
+def trained(cluster, tiny_run):
+    """(cfg, summary, metrics, tmp) of the session's tiny run (tests/ray/conftest.py)."""
+    return tiny_run
 
 
 def test_loss_falls(trained):
@@ -111,6 +100,21 @@ def test_checkpoints_written_kept_and_loadable(trained):
     assert state.position.normalized(steps_epoch1).epoch == 2  # a resume starts epoch 2
     model = build_model(cfg.model, max_positions=64)
     model.load_state_dict(state.model)  # loadable into a fresh model
+
+
+def test_the_run_ends_in_its_picture_drawn_from_every_step(trained):
+    """Every global step is in the history saved with the last checkpoint, and the run's PNG
+    (raw and debiased loss, per-bucket loss, LR, padding, tokens/s) lies beside the checkpoints."""
+    cfg, summary, metrics, tmp = trained
+    history = StepHistory.read_dir(summary.checkpoint).arrays()
+    assert history["step"].tolist() == list(range(1, summary.steps + 1))
+    assert set(history["bucket"].tolist()) == {0, 1}
+    losses = {m["step"]: m["train/loss"] for m in metrics if "train/loss" in m}
+    for step, loss in losses.items():  # the history's loss is the logged one
+        assert history["loss"][step - 1] == pytest.approx(loss, rel=1e-6)
+    assert history["real"].sum() == pytest.approx(summary.tokens)
+    assert summary.picture == str(tmp / "runs" / "e2e" / "run.png")
+    assert Path(summary.picture).read_bytes().startswith(b"\x89PNG")
 
 
 def test_contract10_config_error_and_missing_data_path_are_one_line(cluster, tmp_path):

@@ -67,13 +67,13 @@ def test_the_runs_overrides_load_on_the_default_config(tmp_path):
     from pipeline.bench.realtext import realtext_overrides
     from pipeline.core.config import load_config
 
-    local = Path(__file__).resolve().parents[2] / "configs" / "local.yaml"
+    local = Path(__file__).resolve().parents[2] / "configs" / "local_full.yaml"
     o = realtext_overrides(tmp_path, str(tmp_path / "c"), "rt", max_length=512, max_steps=300)
     cfg = load_config(str(local), o)
     assert cfg.buckets.num_buckets == "auto" and cfg.model.vocab_size == 259
     assert cfg.train.log_every == 1 and cfg.train.metrics_file.endswith("metrics/rt.jsonl")
     assert cfg.data.path == str(tmp_path / "c") and cfg.train.max_steps == 300
-    # the batches `make demo` trains on, unless a budget is given
+    # the batches of the full local run, unless a budget is given
     own = yaml.safe_load(local.read_text())["batching"]["token_budget"]
     assert cfg.batching.token_budget == own
     o = realtext_overrides(tmp_path, "c", "rt", max_length=512, max_steps=3, token_budget=8192)

@@ -167,8 +167,39 @@ def test_the_pipeline_builds_the_text_preset_on_first_use(tmp_path):
     out = tmp_path / "pystdlib"
     cfg = validate({"data": {"synthetic": {"preset": "pystdlib", "out_dir": str(out)}}})
     assert resolve_data_path(cfg) == str(out)
-    assert text_corpus_is_current(out, shards=cfg.data.synthetic.shards)
+    syn = cfg.data.synthetic
+    assert text_corpus_is_current(
+        out, shards=syn.shards, max_samples=syn.num_samples, seed=syn.seed
+    )
     assert (out / MANIFEST).is_file() and len(list(out.glob("shard-*.parquet"))) == 4
+
+
+def test_num_samples_and_seed_draw_a_subset_in_source_order(tmp_path):
+    """pystdlib's num_samples and seed are not inert: a seeded subset, spread over the library."""
+    files = {
+        f"m{i:02d}.py": "".join(f"def f{j}():\n    return {j}\n\n\n" for j in range(5))
+        for i in range(8)
+    }
+    root = _tree(tmp_path / "lib", files)
+
+    def ids(out, **kw):
+        s = write_text_corpus(tmp_path / out, root=str(root), progress=False, **kw)
+        return s, pq.read_table(tmp_path / out / MANIFEST).to_pylist()
+
+    full, rows = ids("all")
+    assert full["samples"] == full["definitions_found"] == 40
+    part, sub = ids("sub", max_samples=12, seed=3)
+    assert part["samples"] == 12 and part["definitions_found"] == 40
+    order = [r["sample_id"] for r in rows]
+    picked = [order.index(r["sample_id"]) for r in sub]
+    assert picked == sorted(picked) and len({r["file"] for r in sub}) > 3  # spread, in order
+    assert [r["sample_id"] for r in ids("again", max_samples=12, seed=3)[1]] == [
+        r["sample_id"] for r in sub
+    ]
+    other = [r["sample_id"] for r in ids("other", max_samples=12, seed=4)[1]]
+    assert other != [r["sample_id"] for r in sub]
+    assert not text_corpus_is_current(tmp_path / "sub", root=str(root), max_samples=13, seed=3)
+    assert text_corpus_is_current(tmp_path / "sub", root=str(root), max_samples=12, seed=3)
 
 
 def test_plan_buckets_data_without_a_config_accepts_any_vocab_and_length(tmp_path, monkeypatch):

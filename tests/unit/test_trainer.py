@@ -58,6 +58,15 @@ def test_contract7_resume_after_a_failure_trains_the_same_batches_and_weights(tm
     for k in a.model:
         torch.testing.assert_close(b.model[k], a.model[k], rtol=1e-5, atol=1e-6)
     assert [n for n, _ in saver.reports] == [n for n, _ in ref_saver.reports]
+    # The run's picture is drawn from the same history: the steps trained again after the
+    # failure replace the lost ones, one row per global step.
+    h, h_ref = saver.latest_history().arrays(), ref_saver.latest_history().arrays()
+    assert h["step"].tolist() == h_ref["step"].tolist() == list(range(1, 2 * STEPS + 1))
+    assert h["epoch"].tolist() == h_ref["epoch"].tolist()
+    assert h["bucket"].tolist() == h_ref["bucket"].tolist()
+    np.testing.assert_allclose(h["loss"], h_ref["loss"], rtol=1e-4)
+    np.testing.assert_allclose(h["lr"], h_ref["lr"])
+    np.testing.assert_array_equal(h["real"], h_ref["real"])
 
 
 def test_contract7_resume_at_an_epoch_end_when_epochs_plan_different_step_counts(tmp_path):

@@ -13,6 +13,7 @@ from pipeline.core.collate import collate
 from pipeline.core.config import RunConfig
 from pipeline.data.rechunk import MicroBatch
 from pipeline.learn.checkpoint import load_checkpoint
+from pipeline.train.history import StepHistory
 from pipeline.train.trainer import RunSpec, Trainer
 
 STEPS = 6  # global steps per epoch; bucket = step % 2
@@ -89,10 +90,14 @@ class Saver:
         names = sorted(p for p in self.root.glob("checkpoint_step*"))
         return load_checkpoint(names[-1], rank=rank) if names else None
 
+    def latest_history(self) -> StepHistory | None:
+        names = sorted(p for p in self.root.glob("checkpoint_step*"))
+        return StepHistory.read_dir(str(names[-1])) if names else None
+
 
 def trainer(
     tmp: Path, cfg: RunConfig, saver: Saver, rank=0, world=1, planned=(STEPS, STEPS), **kw
 ) -> Trainer:
     t = Trainer(cfg, spec(tmp, rank, world, planned), save=saver, **kw)
-    t.resume(saver.latest(rank))
+    t.resume(saver.latest(rank), saver.latest_history())
     return t

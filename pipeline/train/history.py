@@ -1,0 +1,83 @@
+"""Every global step of a run, one row each: what the run's picture is drawn from (no Ray, no torch).
+
+Rank 0 appends a row per global step (its arrays are sums over all ranks, so the row describes the
+global step) and writes the table into each checkpoint it saves (`history.parquet`), so a resumed
+run continues the same history from its checkpoint (steps trained again after a failure replace
+the lost ones) and a run's history can be read from its storage path alone, local or s3://.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+__all__ = ["HISTORY_FILE", "COLUMNS", "StepHistory", "read_history"]
+
+HISTORY_FILE = "history.parquet"
+# Columns, in order: global step (1-based: steps done after it), epoch, bucket of the step, raw
+# loss (supervised-token mean), debiased loss, learning rate, real and padded tokens, wall seconds.
+COLUMNS = ("step", "epoch", "bucket", "loss", "debiased", "lr", "real", "padded", "seconds")
+_TYPES = {"step": pa.int64(), "epoch": pa.int32(), "bucket": pa.int32()}
+
+
+@dataclass
+class StepHistory:
+    """Rows of COLUMNS, appended step by step; `table()` and `write()` for checkpoints."""
+
+    rows: dict[str, list] = field(default_factory=lambda: {c: [] for c in COLUMNS})
+
+    def __len__(self) -> int:
+        return len(self.rows["step"])
+
+    def append(self, **row: float) -> None:
+        missing = set(COLUMNS) - set(row)
+        if missing:
+            raise ValueError(f"history row without {sorted(missing)}")
+        for c in COLUMNS:
+            self.rows[c].append(row[c])
+
+    def truncate(self, steps_done: int) -> None:
+        """Keep the rows of steps <= steps_done (a checkpoint's position)."""
+        keep = sum(1 for s in self.rows["step"] if s <= steps_done)
+        for c in COLUMNS:
+            del self.rows[c][keep:]
+
+    def table(self) -> pa.Table:
+        return pa.table({c: pa.array(self.rows[c], _TYPES.get(c, pa.float64())) for c in COLUMNS})
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {c: np.asarray(self.rows[c]) for c in COLUMNS}
+
+    def write(self, directory: str) -> None:
+        pq.write_table(self.table(), f"{directory}/{HISTORY_FILE}")
+
+    @classmethod
+    def from_table(cls, table: pa.Table) -> StepHistory:
+        h = cls()
+        for c in COLUMNS:
+            if c in table.column_names:
+                h.rows[c] = table.column(c).to_pylist()
+            else:  # a column added later: unknown for older rows
+                h.rows[c] = [float("nan")] * table.num_rows
+        return h
+
+    @classmethod
+    def read_dir(cls, directory: str) -> StepHistory:
+        """The history in a local checkpoint directory; empty when it has none (older runs)."""
+        try:
+            return cls.from_table(pq.read_table(f"{directory}/{HISTORY_FILE}"))
+        except FileNotFoundError:
+            return cls()
+
+
+def read_history(fs: pafs.FileSystem, checkpoint_path: str) -> StepHistory:
+    """The history stored in a checkpoint on any pyarrow filesystem (only that one file is read)."""
+    try:
+        with fs.open_input_file(f"{checkpoint_path.rstrip('/')}/{HISTORY_FILE}") as f:
+            return StepHistory.from_table(pq.read_table(f))
+    except FileNotFoundError:
+        return StepHistory()
