@@ -80,7 +80,7 @@ def test_bench_data_refuses_nonpositive_counts(capsys):
 def test_train_storage_oserror_is_one_line_and_debug_adds_the_traceback(monkeypatch, capsys):
     import pipeline.train.launch as launch
 
-    def run(cfg, *, address=None):
+    def run(cfg, *, address=None, debug=False):
         raise PermissionError(13, "Permission denied", "/mnt/runs/bucketray-local")
 
     monkeypatch.setattr(launch, "run", run)
