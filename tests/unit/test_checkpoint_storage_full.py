@@ -43,7 +43,9 @@ def test_disk_full_while_checkpointing_names_the_storage_path_and_leaves_no_part
     with pytest.raises(CheckpointStorageError) as e:
         loop._report(str(tmp_path / "local"), {}, "checkpoint_step00000010", storage_path="/runs")
     msg = str(e.value)
-    assert msg.startswith("checkpoint.storage_path=/runs: cannot write checkpoint checkpoint_step00000010")
+    assert msg.startswith(
+        "checkpoint.storage_path=/runs: cannot write checkpoint checkpoint_step00000010"
+    )
     assert "No space left on device" in msg and "\n" not in msg
     assert is_deterministic(e.value)  # not retried
     assert not (run_dir / "checkpoint_step00000010").exists()
