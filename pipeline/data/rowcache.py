@@ -310,6 +310,7 @@ class RowCache:
             with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, out.schema) as w:
                 w.write_table(out, max_chunksize=max(1, out.num_rows))
             os.replace(tmp, p)
+            st = os.stat(p)
         except OSError as e:
             log.warning("data: could not write row cache file %s (%s)", p, e)
             try:
@@ -319,6 +320,8 @@ class RowCache:
             return False
         with self._lock:
             self.written_bytes += out.nbytes
+            # its digest was just computed from what was written: no need to hash it again
+            self._verified[p] = (st.st_ino, st.st_size, st.st_mtime_ns)
         return True
 
 

@@ -187,7 +187,10 @@ def test_a_verified_file_is_hashed_once_per_process(tmp_path, monkeypatch):
     calls = []
     real = rowcache._content_digest
     monkeypatch.setattr(rowcache, "_content_digest", lambda t: calls.append(1) or real(t))
-    assert cache.load(0, 0) is not None and cache.load(0, 0) is not None
+    assert cache.load(0, 0) is not None  # the writer computed its digest while writing it
+    assert calls == []
+    reader = RowCache(str(tmp_path), _index(), 512, np.int32)  # another process
+    assert reader.load(0, 0) is not None and reader.load(0, 0) is not None
     assert len(calls) == 1
 
 
