@@ -44,12 +44,18 @@ def _deterministic_types() -> tuple[type[BaseException], ...]:
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
     """`exc` and what it wraps: Ray's UserExceptionWithTraceback (`_base_exc`), a RayTaskError
-    from the feeder (`cause`), then the explicit `raise ... from` causes."""
+    from the feeder (`cause`), Ray Train's ControllerError (a worker group that could not
+    start), then the explicit `raise ... from` causes."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         yield exc
-        exc = getattr(exc, "_base_exc", None) or getattr(exc, "cause", None) or exc.__cause__
+        exc = (
+            getattr(exc, "_base_exc", None)
+            or getattr(exc, "cause", None)
+            or getattr(exc, "controller_failure", None)  # Ray Train's ControllerError
+            or exc.__cause__
+        )
 
 
 def is_permanent_os_error(exc: BaseException) -> bool:

@@ -91,3 +91,24 @@ def test_a_worker_group_failure_with_a_full_disk_is_one_line_exit_2(monkeypatch,
     assert train_cli.main([]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "No space left on device" in err and "checkpoint_step" in err
+
+
+def test_a_worker_group_start_failing_on_read_only_storage_is_not_retried():
+    from ray.train import FailureConfig
+    from ray.train.v2._internal.exceptions import WorkerGroupStartupFailedError
+    from ray.train.v2.api.exceptions import ControllerError
+
+    from pipeline.train.control import FatalUserErrorsPolicy
+
+    def start_failed(cause: BaseException) -> ControllerError:
+        try:
+            raise WorkerGroupStartupFailedError("worker group failed to start") from cause
+        except WorkerGroupStartupFailedError as e:
+            return ControllerError(e)
+
+    erofs = OSError(errno.EROFS, "Read-only file system", "/runs/r")
+    policy = FatalUserErrorsPolicy(FailureConfig(max_failures=2, controller_failure_limit=3))
+    assert policy.make_decision(start_failed(erofs)).value == "RAISE"
+    assert deterministic_cause(start_failed(erofs)) is erofs  # the CLI's one line
+    # a start-up that failed for a reason a retry may fix still counts scaling.start_retries
+    assert policy.make_decision(start_failed(TimeoutError("node died"))).value == "RETRY"
