@@ -4,7 +4,7 @@
 
 Reads .jsonl/.json/.parquet/.txt files (the text field: --text-column), writes shard-*.parquet
 (sample_id, input_ids) under --out, prints a summary (samples, tokens, length percentiles,
-empty and undecodable documents) and optionally the length histogram (--png). Runs on the Ray
+empty and undecodable documents, every input file skipped and why) and optionally the length histogram (--png). Runs on the Ray
 cluster named by RAY_ADDRESS, or on local Ray. See pipeline/data/tokenize.py.
 """
 
@@ -53,12 +53,21 @@ def main(argv: list[str] | None = None) -> dict:
             ray.shutdown()
     print(json.dumps(summary))
     print(f"tokenize: set model.vocab_size: {summary['vocab_size']} and data.path: {a.out}")
+    _print_skipped_files(summary)
     if summary["empty"] or summary["undecodable"]:
         print(
             f"tokenize: skipped {summary['empty']} empty and {summary['undecodable']} undecodable "
             f"documents, e.g. {summary['problems'][:3]} (counts complete; the first ones are listed in {a.out}/_bucketray_tokenize.json)"
         )
     return summary
+
+
+def _print_skipped_files(summary: dict) -> None:
+    """Every input file not used, with its reason (also in the summary's `skipped`)."""
+    skipped = summary.get("skipped") or []
+    if skipped:
+        listed = "; ".join(f"{path} ({why})" for path, why in skipped)
+        print(f"tokenize: skipped {len(skipped)} input files: {listed}")
 
 
 if __name__ == "__main__":

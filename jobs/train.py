@@ -4,7 +4,9 @@ Starts a private local Ray instance, unless --address or RAY_ADDRESS names a clu
 (`ray job submit` sets RAY_ADDRESS; `--address auto` joins the cluster `ray start` left on this
 machine). Resubmitting with the same checkpoint.run_name resumes from the latest checkpoint.
 A user error (config, data, resume, storage, a non-finite loss) ends in one line on stderr and
-exit code 2; --debug (or BUCKETRAY_DEBUG=1) adds the traceback.
+exit code 2; --debug (or BUCKETRAY_DEBUG=1) adds the traceback. Ctrl-C or SIGTERM while the run
+is being prepared ends it with one closing line and exit code 130; during training the first
+one stops it gracefully with a checkpoint, a second aborts it (closing line, exit code 130).
 """
 
 from __future__ import annotations
@@ -48,19 +50,27 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {_one_line(e)}", file=sys.stderr)
         return 2
     # Imported after validation, so a config typo fails before Ray or torch load.
-    from pipeline.train.control import is_deterministic
+    from pipeline.train.control import deterministic_cause
     from pipeline.train.launch import run
+    from pipeline.train.runlock import ABORT_EXIT, interrupted_line
 
     try:
         summary = run(cfg, address=args.address, debug=debug)
+    except KeyboardInterrupt as e:  # Ctrl-C (or SIGTERM) while the run was being prepared
+        if debug:
+            traceback.print_exc()
+        print(interrupted_line(str(e) or "SIGINT", training=False), file=sys.stderr, flush=True)
+        return ABORT_EXIT
     except Exception as e:
         # A user error: a config, data, resume or checkpoint error, a non-finite loss (any class
-        # with `retryable = False`), or storage that cannot be reached or written (OSError).
-        if not (is_deterministic(e) or isinstance(e, OSError)):
+        # with `retryable = False`), or storage that cannot be reached or written (OSError),
+        # named by the error itself, not by the Ray task or actor that carried it.
+        cause = deterministic_cause(e) or (e if isinstance(e, OSError) else None)
+        if cause is None:
             raise
         if debug:
             traceback.print_exc()
-        print(f"error: {_one_line(e)}", file=sys.stderr)
+        print(f"error: {_one_line(cause)}", file=sys.stderr)
         return 2
     print(f"[bucketray] done: {summary}", flush=True)
     if summary.picture:

@@ -150,8 +150,9 @@ class DataConfig(_Section):
     )
     row_cache_dir: str | None = Field(
         None,
-        description="Where the row cache is kept, a directory on the driver's node; null: `rows` "
-        "in the index cache when that is local, else ~/.cache/bucketray/rows.",
+        description="Where the row cache is kept, a directory on the driver's node, refused at "
+        "start when it cannot be created or written; null: `rows` in the index cache when that "
+        "is local and writable (else ~/.cache/bucketray/rows, with a warning).",
     )
 
     # The data source: one group or the other (an override of one drops the other's fields).

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import uuid
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -53,13 +54,25 @@ def load_cached(cache_dir: str, fp: str) -> pa.Table | None:
 
 
 def save_cache(cache_dir: str, fp: str, table: pa.Table) -> None:
+    tmp = None
     try:
         fs, root = filesystem_for(cache_dir)
         fs.create_dir(root, recursive=True)
-        tmp = f"{root}/.index-{fp}.parquet.tmp"
+        # A name of its own: two runs filling the same cache at once must not write into (or
+        # move away) each other's temporary file; the last rename wins, with identical content.
+        tmp = f"{root}/.index-{fp}.{uuid.uuid4().hex[:12]}.parquet.tmp"
         pq.write_table(table, tmp, filesystem=fs)
         fs.move(tmp, f"{root}/index-{fp}.parquet")  # atomic on local disks: no half-written cache
     except OSError as e:
+        if tmp is not None:
+            _remove_quietly(fs, tmp)
         log.warning(
             "could not cache the length index in %s (%s); the next run rescans", cache_dir, e
         )
+
+
+def _remove_quietly(fs: pafs.FileSystem, path: str) -> None:
+    try:
+        fs.delete_file(path)
+    except OSError:
+        pass

@@ -10,7 +10,7 @@ from pipeline.core.config import RunConfig
 from pipeline.core.corpus import corpus_is_current, write_corpus
 from pipeline.core.textcorpus import TEXT_PRESETS, text_corpus_is_current, write_text_corpus
 
-__all__ = ["DataOptions", "data_options", "resolve_data_path", "top_edge"]
+__all__ = ["DataOptions", "check_complete_output", "data_options", "resolve_data_path", "top_edge"]
 
 
 @dataclass(frozen=True)
@@ -75,3 +75,33 @@ def resolve_data_path(cfg: RunConfig) -> str:
         print(f"bucketray: writing the synthetic corpus to {out} (first use)", flush=True)
         write_corpus(out, progress=True, **params)
     return out
+
+
+def check_complete_output(path: str) -> None:
+    """Refuse a data.path that a `jobs.tokenize` run left unfinished: its marker file says
+    `"complete": false` (or was cut off mid-write) until the run wrote its summary, so the
+    shards there are a part of the input. A directory without a marker is not ours: fine."""
+    import json
+
+    from pipeline.data.errors import DataError
+    from pipeline.data.fs import filesystem_for
+    from pipeline.data.tokenize import MARKER
+
+    fs, root = filesystem_for(path)
+    marker = f"{root.rstrip('/')}/{MARKER}"
+    try:
+        with fs.open_input_stream(marker) as f:
+            text = f.read().decode("utf-8", "replace")
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return
+    except OSError:
+        return  # unreadable here (a single-file path, a permission): the index names it
+    try:
+        complete = json.loads(text).get("complete") is True
+    except (ValueError, AttributeError):
+        complete = False
+    if not complete:
+        raise DataError(
+            f"data.path={path}: an incomplete jobs.tokenize output ({MARKER} says it did not "
+            "finish); run jobs.tokenize again with this --out, then train"
+        )

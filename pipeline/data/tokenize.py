@@ -12,9 +12,12 @@ file becomes one output shard `shard-<ordinal>.parquet` with `sample_id` (int64)
 `input_ids` (list<int32>). The sample id is a hash of (file path relative to the input, row),
 so re-tokenizing the same input gives the same ids, whatever else was added to the directory.
 
-Empty documents (no text, or no token) and undecodable ones (bad JSON or UTF-8, a missing or
-non-string text field) are not written, and are counted and listed (file, row, reason) in the
-summary -- never silently dropped.
+Empty documents (no text, only whitespace, or no token) and undecodable ones (bad JSON or UTF-8,
+a missing or non-string text field) are not written, and are counted and listed (file, row,
+reason) in the summary -- never silently dropped. So are input files that are not read (other
+suffixes such as `.gz` or `.md`, hidden names): the summary's `skipped` lists each with its
+reason. A `.json` file holding one JSON array, a parquet file that cannot be read, and an
+`--out` inside `--input` are refused in one line naming the file.
 """
 
 from __future__ import annotations
@@ -34,7 +37,14 @@ from pipeline.core.corpus import READS_NOTE, ROW_GROUP_ROWS, token_table
 from pipeline.core.textcorpus import stable_id
 from pipeline.data.index import filesystem_for
 
-__all__ = ["MARKER", "SUFFIXES", "TokenizeError", "list_inputs", "tokenize_dataset"]
+__all__ = [
+    "MARKER",
+    "SUFFIXES",
+    "TokenizeError",
+    "list_inputs",
+    "skipped_inputs",
+    "tokenize_dataset",
+]
 
 MARKER = "_bucketray_tokenize.json"
 SUFFIXES = (".jsonl", ".json", ".parquet", ".txt")
@@ -61,16 +71,56 @@ def list_inputs(fs: pafs.FileSystem, root: str) -> list[str]:
     return sorted(out)
 
 
+def skipped_inputs(fs: pafs.FileSystem, root: str) -> list[list[str]]:
+    """[relative path, reason] of every file under `root` that `list_inputs` does not use (a
+    hidden folder once, as `name/`), so the summary accounts for every input it was given."""
+    if fs.get_file_info(root).type != pafs.FileType.Directory:
+        return []
+    out, hidden = [], set()
+    for fi in fs.get_file_info(pafs.FileSelector(root, recursive=True)):
+        if fi.type != pafs.FileType.File:
+            continue
+        parts = PurePosixPath(fi.path).relative_to(PurePosixPath(root)).parts
+        at = next((i for i, p in enumerate(parts) if p.startswith(("_", "."))), None)
+        if at is not None:
+            name = "/".join(parts[: at + 1]) + ("/" if at < len(parts) - 1 else "")
+            if name not in hidden:
+                hidden.add(name)
+                out.append([name, "hidden name (starts with _ or .)"])
+        elif not parts[-1].endswith(SUFFIXES):
+            kind = PurePosixPath(parts[-1]).suffix or "no suffix"
+            why = f"unsupported type ({kind}): inputs are {'/'.join(SUFFIXES)}"
+            if kind in (".gz", ".zst", ".bz2", ".xz", ".zip"):
+                why += "; decompress it first"
+            out.append(["/".join(parts), why])
+    return sorted(out)
+
+
+def _not_json_lines(data: bytes, rel: str) -> str | None:
+    """The hint for a .json file holding one JSON array, which JSON Lines cannot read."""
+    if rel.endswith(".json") and data.lstrip()[:1] == b"[":
+        return (
+            f"{rel}: holds one JSON array; jobs.tokenize reads JSON Lines (one object per line): "
+            f"convert it, e.g. jq -c '.[]' {PurePosixPath(rel).name} > "
+            f"{PurePosixPath(rel).stem}.jsonl"
+        )
+    return None
+
+
 def _documents(data: bytes, rel: str, column: str) -> tuple[list[int], list[str], list[tuple]]:
     """(rows, texts, problems) of one file; a problem is (row, kind, reason)."""
     rows, texts, problems = [], [], []
     if rel.endswith(".txt"):
         try:
-            return [0], [data.decode("utf-8")], []
+            text = data.decode("utf-8")
         except UnicodeDecodeError as e:
             return [], [], [(0, "undecodable", f"not UTF-8 ({e.reason} at byte {e.start})")]
+        return ([0], [text], []) if text.strip() else ([], [], [(0, "empty", "empty text")])
     if rel.endswith(".parquet"):
-        t = pq.read_table(pa.BufferReader(data))
+        try:
+            t = pq.read_table(pa.BufferReader(data))
+        except (pa.ArrowException, OSError) as e:  # pyarrow's message names no file
+            raise TokenizeError(f"{rel}: not a readable parquet file ({e})") from None
         if column not in t.column_names:
             raise TokenizeError(
                 f"{rel}: no column {column!r} (columns: {t.column_names}); "
@@ -78,6 +128,9 @@ def _documents(data: bytes, rel: str, column: str) -> tuple[list[int], list[str]
             )
         values = t[column].to_pylist()
     else:
+        hint = _not_json_lines(data, rel)
+        if hint:
+            raise TokenizeError(hint)
         lines = data.split(b"\n")
         if not lines[-1].strip():
             lines.pop()  # the newline that ends the last line starts no document
@@ -89,7 +142,9 @@ def _documents(data: bytes, rel: str, column: str) -> tuple[list[int], list[str]
             except (UnicodeDecodeError, json.JSONDecodeError) as e:
                 values.append(e)
     for row, v in enumerate(values):
-        if isinstance(v, str):
+        if isinstance(v, str) and not v.strip():  # else encoded as a bare [BOS][EOS] sample
+            problems.append((row, "empty", "empty text"))
+        elif isinstance(v, str):
             rows.append(row)
             texts.append(v)
         elif v is None:
@@ -158,6 +213,16 @@ class TokenizeFiles:
             "problems": json.dumps([[rel, *p] for p in problems[:MAX_EXAMPLES]]),
             "error": "",
         }
+
+
+def _refuse_out_inside_input(src: str, out: str) -> None:
+    """--out inside --input: the next run would read the shards as input (and clear them)."""
+    s, o = PurePosixPath(src.rstrip("/")), PurePosixPath(out.rstrip("/"))
+    if o == s or s in o.parents:
+        raise TokenizeError(
+            f"--out {out} is inside --input {src}: the output would be read as input by the "
+            "next run; choose an --out outside the input directory"
+        )
 
 
 def _prepare_out(out: str) -> None:
@@ -229,10 +294,12 @@ def tokenize_dataset(
         raise TokenizeError(f"cannot load tokenizer {tokenizer}: {e}") from None
     # Absolute on the driver: the map actors may run in another working directory or node.
     src, out, tokenizer = (p if "://" in p else os.path.abspath(p) for p in (src, out, tokenizer))
+    _refuse_out_inside_input(src, out)
     fs, root = filesystem_for(src)
     files = list_inputs(fs, root)
+    skipped = skipped_inputs(fs, root)
     if not files:
-        raise TokenizeError(f"no {'/'.join(SUFFIXES)} files under {src}")
+        raise TokenizeError(f"no {'/'.join(SUFFIXES)} files under {src} (skipped: {skipped[:5]})")
     _prepare_out(out)
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
     ds = ray.data.from_items([{"ordinal": i, "rel": r} for i, r in enumerate(files)])
@@ -268,6 +335,7 @@ def tokenize_dataset(
         more = f" (and {len(errors) - 1} more files)" if len(errors) > 1 else ""
         raise TokenizeError(errors[0] + more)
     summary, lengths = _summary(rows, len(files), time.perf_counter() - t0)
+    summary["skipped"] = skipped
     if summary["samples"] == 0:
         raise TokenizeError(f"no document under {src} produced a token (see {summary['problems']})")
     ofs, opath = filesystem_for(out)

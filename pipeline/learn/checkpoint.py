@@ -32,6 +32,7 @@ __all__ = [
     "POSITION_VERSION",
     "SAVE_FAIL_ENV",
     "CheckpointError",
+    "CheckpointStorageError",
     "ResumeError",
     "DataPosition",
     "TrainState",
@@ -52,6 +53,11 @@ SAVE_FAIL_ENV = "BUCKETRAY_DIE_SAVING_STEP"
 
 class CheckpointError(RuntimeError):
     """A checkpoint directory that cannot be read: incomplete, or from another format version."""
+
+
+class CheckpointStorageError(CheckpointError):
+    """A checkpoint that cannot be written (disk full, read-only, permission denied): the same
+    write fails on every retry, so the run ends naming checkpoint.storage_path."""
 
 
 class ResumeError(RuntimeError):

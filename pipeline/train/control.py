@@ -1,24 +1,38 @@
 """How the driver steers a Ray Train run: which failures to retry, and how to stop it gracefully.
 
-- Deterministic errors (a config, data or resume problem, a non-finite loss) fail the same way
-  on every retry. `FatalUserErrorsPolicy` makes Ray Train raise them at the first failure instead
+- Deterministic errors (a config, data or resume problem, a model that cannot be built, a
+  non-finite loss, storage that refuses the write: disk full, read-only, permission denied, a
+  missing file) fail the same way on every retry, wherever they are raised: on the driver, in
+  the feeder actor (reaching a worker wrapped in Ray's RayTaskError) or in a worker. `FatalUserErrorsPolicy` makes Ray Train raise them at the first failure instead
   of spending every `checkpoint.max_failures` attempt, and `user_error` takes them back out of
   Ray's `WorkerGroupError` so the CLI can print their one line.
 - SIGINT / SIGTERM (Ctrl-C, a spot preemption, `ray job stop`) during `fit()` first ask the
   workers to stop gracefully (through the run's stop flag, `pipeline.train.stop`); a second signal aborts
-  the run the way Ray Train does (no checkpoint); a third exits at once.
+  the run the way Ray Train does (no checkpoint) and ends the driver with a closing line; a
+  third exits at once.
 """
 
 from __future__ import annotations
 
+import errno
+import os
 import signal
-import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from pipeline.core.config import ConfigError
 from pipeline.train.runlock import make_stop_handler
 
-__all__ = ["FatalUserErrorsPolicy", "is_deterministic", "trainer_class", "user_error"]
+__all__ = ["FatalUserErrorsPolicy", "deterministic_cause", "is_deterministic"]
+__all__ += ["is_permanent_os_error", "trainer_class", "user_error"]
+
+# Storage errors a retry cannot fix: the same write or open fails the same way until a person
+# frees space, fixes permissions or restores the file. (Transient ones -- throttling, resets,
+# timeouts -- carry no errno or another one, and are retried by pipeline.data.retry.)
+PERMANENT_ERRNOS = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT}
+)
+# pyarrow's filesystems raise OSError without an errno, with the C library's text in the message.
+_PERMANENT_TEXTS = tuple(os.strerror(n) for n in sorted(PERMANENT_ERRNOS))
 
 
 def _deterministic_types() -> tuple[type[BaseException], ...]:
@@ -28,21 +42,62 @@ def _deterministic_types() -> tuple[type[BaseException], ...]:
     return (ConfigError, DataError, ResumeError, CheckpointError)
 
 
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """`exc` and what it wraps: Ray's UserExceptionWithTraceback (`_base_exc`), a RayTaskError
+    from the feeder (`cause`), Ray Train's ControllerError (a worker group that could not
+    start), then the explicit `raise ... from` causes."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = (
+            getattr(exc, "_base_exc", None)
+            or getattr(exc, "cause", None)
+            or getattr(exc, "controller_failure", None)  # Ray Train's ControllerError
+            or exc.__cause__
+        )
+
+
+def is_permanent_os_error(exc: BaseException) -> bool:
+    """Disk full, quota, read-only, permission denied or a missing file (see PERMANENT_ERRNOS)."""
+    if not isinstance(exc, OSError):
+        return False
+    if exc.errno is not None:
+        return exc.errno in PERMANENT_ERRNOS
+    return any(t in str(exc) for t in _PERMANENT_TEXTS)
+
+
+def _deterministic_one(exc: BaseException) -> bool:
+    if getattr(exc, "retryable", True) is False or isinstance(exc, _deterministic_types()):
+        return True
+    return is_permanent_os_error(exc)
+
+
 def is_deterministic(exc: BaseException) -> bool:
-    """An error a retry cannot change: one of the user error classes, or any exception class
-    that says so with `retryable = False` (e.g. the worker loop's non-finite-loss error)."""
-    exc = getattr(exc, "_base_exc", exc)  # Ray's UserExceptionWithTraceback wrapper
-    return getattr(exc, "retryable", True) is False or isinstance(exc, _deterministic_types())
+    """An error a retry cannot change: one of the user error classes, any exception class that
+    says so with `retryable = False` (e.g. the worker loop's non-finite-loss error), or a
+    permanent storage error -- found in `exc` or anything it wraps (see `_chain`), including
+    the per-rank failures of Ray Train's WorkerGroupError."""
+    return deterministic_cause(exc) is not None
+
+
+def deterministic_cause(exc: BaseException) -> BaseException | None:
+    """The first deterministic error in `exc`'s chain (or in a failed rank's), for the CLI's
+    one line; None when a retry may help."""
+    for e in _chain(exc):
+        if _deterministic_one(e):
+            return e
+        failures = getattr(e, "worker_failures", None) or {}
+        for rank in sorted(failures):
+            found = deterministic_cause(failures[rank])
+            if found is not None:
+                return found
+    return None
 
 
 def user_error(err: BaseException) -> BaseException | None:
     """The deterministic worker error inside a Ray Train failure, if there is one."""
-    failures = getattr(err, "worker_failures", None) or {}
-    for rank in sorted(failures):
-        exc = getattr(failures[rank], "_base_exc", failures[rank])
-        if is_deterministic(exc):
-            return exc
-    return None
+    return deterministic_cause(err)
 
 
 def _default_policy_class():
@@ -81,7 +136,7 @@ def trainer_class(request: Callable[[], object]):
                 try:
                     ray.get(controller.abort.remote())
                 except ray.exceptions.RayActorError:
-                    sys.exit(130)
+                    pass  # the controller exits as it aborts
 
             handler = make_stop_handler(request, abort)
             signal.signal(signal.SIGINT, handler)

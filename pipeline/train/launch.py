@@ -43,6 +43,7 @@ from pipeline.train.loop import (
     train_loop,
 )
 from pipeline.train.preflight import (
+    check_before_start,
     check_reachable,
     check_stable_paths,
     preflight,
@@ -55,7 +56,7 @@ from pipeline.train.resume_check import (
     truncation_metrics,
     truncation_note,
 )
-from pipeline.train.runlock import RunLease
+from pipeline.train.runlock import RunLease, signals_interrupt
 from pipeline.train.stop import create_stop_flag, request_stop, stop_flag_name
 
 __all__ = [
@@ -249,16 +250,25 @@ def _plan_epochs(cfg: RunConfig, index, edges: list[int]) -> tuple[list[dict], l
 def run(cfg: RunConfig, *, address: str | None = None, debug: bool = False) -> TrainSummary:
     """Prepare data, train to the end of the configured run, draw its picture, return the final
     summary."""
+    t0 = time.perf_counter()
+    check_stable_paths(cfg)
+    check_before_start(cfg)
+    fs, rdir = _run_fs(cfg)
+    # The lease first: a second run of the same name is refused before Ray starts or the index
+    # is built. SIGTERM while preparing interrupts as Ctrl-C does, so the lease is released.
+    with RunLease(fs, rdir), signals_interrupt():
+        return _run_leased(cfg, address, fs, rdir, t0, debug)
+
+
+def _run_leased(
+    cfg: RunConfig, address: str | None, fs, rdir: str, t0: float, debug: bool = False
+) -> TrainSummary:
     import ray
 
     from pipeline.data import build_length_index, resolve_data_path, resolve_edges, start_feeder
     from pipeline.data.rowcache import RowCache
 
-    t0 = time.perf_counter()
-    check_stable_paths(cfg)
     _check_resources(cfg, wait_s=NODES_WAIT_S if init_ray(address, debug=debug) else 0.0)
-    fs, rdir = _run_fs(cfg)
-
     path = resolve_data_path(cfg)
     index = build_length_index(cfg, path)
     edges = [int(e) for e in resolve_edges(cfg, index.lengths)]
@@ -272,7 +282,7 @@ def run(cfg: RunConfig, *, address: str | None = None, debug: bool = False) -> T
     note = truncation_note(index)
     if note:
         print(f"[bucketray] {note}", flush=True)
-    rows = RowCache.for_run(cfg, index)
+    rows = RowCache.for_run(cfg, index, warn=True)
     print(
         f"[bucketray] {rows.describe() if rows else 'row cache off (data.row_cache)'}", flush=True
     )
@@ -282,21 +292,20 @@ def run(cfg: RunConfig, *, address: str | None = None, debug: bool = False) -> T
         f"{total} steps on {cfg.scaling.num_workers} workers -> {run_dir(cfg)}",
         flush=True,
     )
-    with RunLease(fs, rdir):
-        # The stop flag is owned by this driver and dies with it: a request can only be this run's.
-        flag = create_stop_flag(stop_flag_name(cfg.checkpoint.run_name))
-        feeder_name = f"bucketray-feeder-{cfg.checkpoint.run_name}-{uuid.uuid4().hex[:8]}"
-        feeder = start_feeder(cfg, index, edges, name=feeder_name, path=path)
-        if cfg.scaling.min_workers is None:  # the world size is known: read while workers start
-            found = latest_position(fs, rdir)
-            at = (found[1].epoch, found[1].next_step) if found else (0, 0)
-            if at[0] < len(epochs):
-                feeder.start_at.remote(at[0], cfg.scaling.num_workers, at[1])
-        try:
-            result = _fit(cfg, _loop_inputs(cfg, feeder_name, edges, steps, epochs, files), flag)
-        finally:
-            ray.kill(feeder)
-            ray.kill(flag)
+    # The stop flag is owned by this driver and dies with it: a request can only be this run's.
+    flag = create_stop_flag(stop_flag_name(cfg.checkpoint.run_name))
+    feeder_name = f"bucketray-feeder-{cfg.checkpoint.run_name}-{uuid.uuid4().hex[:8]}"
+    feeder = start_feeder(cfg, index, edges, name=feeder_name, path=path)
+    if cfg.scaling.min_workers is None:  # the world size is known: read while workers start
+        found = latest_position(fs, rdir)
+        at = (found[1].epoch, found[1].next_step) if found else (0, 0)
+        if at[0] < len(epochs):
+            feeder.start_at.remote(at[0], cfg.scaling.num_workers, at[1])
+    try:
+        result = _fit(cfg, _loop_inputs(cfg, feeder_name, edges, steps, epochs, files), flag)
+    finally:
+        ray.kill(feeder)
+        ray.kill(flag)
     m = result.metrics or {}
     return TrainSummary(
         steps=int(m.get("steps", 0)),

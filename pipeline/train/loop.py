@@ -7,9 +7,10 @@ The training itself (resume, step, logging, checkpoints, exact resume: contract 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 from pipeline.core.config import RunConfig
-from pipeline.learn.checkpoint import load_checkpoint
+from pipeline.learn.checkpoint import CheckpointStorageError, load_checkpoint
 from pipeline.learn.logger import make_logger
 from pipeline.train.console import run_warnings_as_lines
 from pipeline.train.faults import FAIL_AT_STEP_ENV, FAIL_MARKER_ENV, FAIL_RANK_ENV
@@ -46,14 +47,41 @@ class LoopInputs:
         return dict(self.__dict__)
 
 
-def _report(directory: str, metrics: dict, name: str) -> None:
+def _report(directory: str, metrics: dict, name: str, *, storage_path: str = "") -> None:
+    """Report `metrics` with the checkpoint in `directory` (Ray Train copies it to the run's
+    storage as `name`). A write that storage refuses for good (disk full, read-only,
+    permission) removes the partial copy -- nothing a resume could take for a checkpoint --
+    and ends the run naming checkpoint.storage_path."""
     import ray.train
 
-    ray.train.report(
-        metrics,
-        checkpoint=ray.train.Checkpoint.from_directory(directory),
-        checkpoint_dir_name=name,
-    )
+    from pipeline.train.control import is_permanent_os_error
+
+    try:
+        ray.train.report(
+            metrics,
+            checkpoint=ray.train.Checkpoint.from_directory(directory),
+            checkpoint_dir_name=name,
+        )
+    except OSError as e:
+        if not is_permanent_os_error(e):
+            raise
+        _remove_partial_checkpoint(name)
+        raise CheckpointStorageError(
+            f"checkpoint.storage_path={storage_path}: cannot write checkpoint {name} "
+            f"({' '.join(str(e).split())}); the partial copy was removed: free space or choose "
+            "a writable checkpoint.storage_path, then resubmit to resume from the last "
+            "complete checkpoint"
+        ) from e
+
+
+def _remove_partial_checkpoint(name: str) -> None:
+    import ray.train
+
+    storage = ray.train.get_context().get_storage()
+    try:  # every rank may try: the first one removes it
+        storage.storage_filesystem.delete_dir(storage.build_checkpoint_path_from_name(name))
+    except OSError:
+        pass
 
 
 def train_loop(config: dict) -> None:
@@ -84,7 +112,7 @@ def train_loop(config: dict) -> None:
     trainer = Trainer(
         cfg,
         spec,
-        save=_report,
+        save=partial(_report, storage_path=cfg.checkpoint.storage_path),
         recorder=SampleRecorder(cfg.train.record_sample_ids, rank),
         stop=stop,
     )

@@ -5,6 +5,8 @@
   content-hashed working directory, so a resubmitted job would not find its run again.
 - `preflight`: the workers plus what Ray Data needs must fit in the cluster, else the run
   deadlocks (workers waiting for data that no CPU is left to read) or waits forever.
+- `check_before_start`: what the config alone decides, before Ray starts: the model can be built,
+  the data is not an unfinished `jobs.tokenize` output, a `data.row_cache_dir` can be written.
 - `truncation_summary`: how much `data.over_length: truncate` cuts, for one line at run start.
 """
 
@@ -20,6 +22,7 @@ __all__ = [
     "DATA_CPUS",
     "SUBMITTED_JOB_ENV",
     "STABLE_PATH_KEYS",
+    "check_before_start",
     "check_reachable",
     "check_stable_paths",
     "in_submitted_job",
@@ -41,6 +44,23 @@ STABLE_PATH_KEYS = (
 # CPUs left free for Ray Data: its read and map tasks ask one CPU each, and with none free the
 # workers wait for batches that are never read.
 DATA_CPUS = 1.0
+
+
+# --------------------------------------------------------------------------- before Ray starts
+
+
+def check_before_start(cfg: RunConfig) -> None:
+    """Errors no worker or retry could fix, found from the config before Ray starts or the
+    index is built (each one line naming its key or file)."""
+    from pipeline.data.rowcache import check_row_cache_dir
+    from pipeline.data.source import check_complete_output
+    from pipeline.learn.model_check import check_model
+
+    check_model(cfg.model)
+    if cfg.data.path is not None:
+        check_complete_output(cfg.data.path)
+    if cfg.data.row_cache:
+        check_row_cache_dir(cfg.data.row_cache_dir)
 
 
 # --------------------------------------------------------------------------- which cluster

@@ -28,7 +28,8 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 import pyarrow.fs as pafs
@@ -36,7 +37,8 @@ import pyarrow.fs as pafs
 from pipeline.core.config import ConfigError
 
 __all__ = ["LEASE_FILE", "STALE_S", "HEARTBEAT_S", "Lease", "RunInUseError"]
-__all__ += ["RunLease", "lease_decision", "make_stop_handler", "pid_alive"]
+__all__ += ["RunLease", "lease_decision", "make_stop_handler", "pid_alive", "signals_interrupt"]
+__all__ += ["ABORT_EXIT", "interrupted_line"]
 
 LEASE_FILE = "RUN_LEASE.json"
 STALE_S = 120.0  # a heartbeat older than this: the holder is gone
@@ -206,9 +208,46 @@ class RunLease:
 # the run's stop flag, pipeline/train/stop.py; the second aborts; the third exits.)
 
 
+# The shell's exit status for a run ended by SIGINT (128 + 2), used for either signal.
+ABORT_EXIT = 130
+
+
+def interrupted_line(name: str, *, training: bool) -> str:
+    """The closing line of a run ended by signal `name` (without a graceful stop)."""
+    if training:
+        return (
+            f"[bucketray] aborted by a second {name}: the steps since the last checkpoint are not "
+            "saved; resubmit the same command to resume from that checkpoint"
+        )
+    return (
+        f"[bucketray] interrupted by {name} before training started: nothing was trained or "
+        "checkpointed by this run; run the same command again to start it"
+    )
+
+
+@contextmanager
+def signals_interrupt() -> Iterator[None]:
+    """While the driver prepares the run (index, edges, plans): SIGTERM raises
+    KeyboardInterrupt as SIGINT does, so the lease and the Ray instance are released by their
+    `finally` blocks and the CLI prints one closing line, instead of the process dying
+    silently (SIGTERM's default) with its lease still held."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    before = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def make_stop_handler(request: Callable[[], object], abort: Callable[[], object]):
-    """A signal handler: the first signal calls `request` (graceful stop), the second `abort`,
-    the third exits."""
+    """A signal handler: the first signal calls `request` (graceful stop), the second `abort`
+    and ends the driver with a closing line, the third exits at once."""
     count = 0
 
     def handler(signum, frame) -> None:
@@ -226,6 +265,8 @@ def make_stop_handler(request: Callable[[], object], abort: Callable[[], object]
         elif count == 2:
             print(f"[bucketray] {name} again: aborting the run", file=sys.stderr, flush=True)
             abort()
+            print(interrupted_line(name, training=True), file=sys.stderr, flush=True)
+            sys.exit(ABORT_EXIT)
         else:
             sys.exit(130)
 

@@ -38,7 +38,7 @@ from pipeline.learn.checkpoint import (
 )
 from pipeline.learn.logger import MetricLogger, NullLogger, run_id_for
 from pipeline.learn.loss import NonFiniteGuard
-from pipeline.learn.model import build_model
+from pipeline.learn.model_check import build_model_or_refuse
 from pipeline.learn.optim import build_optimizer, build_scheduler
 from pipeline.train.faults import maybe_fail
 from pipeline.train.history import StepHistory
@@ -109,7 +109,7 @@ class Trainer:
         self.bf16 = t.bf16 == "on" or (t.bf16 == "auto" and spec.device.type == "cuda")
         # Same init on every rank (DDP also broadcasts rank 0's).
         torch.manual_seed(t.seed)
-        self.model = build_model(cfg.model, max_positions=spec.edges[-1]).to(spec.device)
+        self.model = build_model_or_refuse(cfg.model, max_positions=spec.edges[-1]).to(spec.device)
         self.optimizer = build_optimizer(self.model, t)
         self.scheduler = build_scheduler(self.optimizer, t, length.optimizer_steps)
         self.tracker = BucketLossTracker(len(spec.edges) - 1)

@@ -61,6 +61,8 @@ def test_tokenize_counts_every_skipped_document_and_keeps_ids_stable(cluster, tm
         + ["--out", str(tmp_path / "out"), "--png", str(png)]
     )
     assert s["files"] == 4 and s["samples"] == 4 and s["vocab_size"] == tok.get_vocab_size()
+    # every input file not read is listed with its reason
+    assert [p for p, _ in s["skipped"]] == ["_hidden.jsonl", "notes.md"]
     # empty: the blank line, the null and the "" parquet rows; undecodable: bad JSON, missing
     # field, a number, a non-UTF-8 .txt file.
     assert (s["empty"], s["undecodable"]) == (3, 4)

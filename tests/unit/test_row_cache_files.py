@@ -142,3 +142,94 @@ def test_the_run_describes_its_row_cache_in_one_line(tmp_path):
     assert ": 3 of 3 row groups" in cache.describe() and "the rest" not in cache.describe()
     off = cfg.model_copy(update={"data": cfg.data.model_copy(update={"row_cache": False})})
     assert RowCache.for_run(off, _index()) is None
+
+
+# --------------------------------------------------------------------------- verified on read
+
+
+def _flip_a_token(path: str, old: int, new: int) -> None:
+    """Overwrite one int32 token value in place, as a bad disk or a stray write would: the
+    file still parses and every row, sample id and length still matches the index."""
+    data = bytearray(open(path, "rb").read())
+    at = data.find(np.int32(old).tobytes())
+    assert at > 0
+    data[at : at + 4] = np.int32(new).tobytes()
+    open(path, "wb").write(bytes(data))
+
+
+def test_a_row_cache_file_with_changed_token_values_is_dropped_naming_it(tmp_path, caplog):
+    cache = RowCache(str(tmp_path), _index(), 512, np.int32)
+    assert cache.store(0, 0, np.array([0, 1, 2]), _rows_table([3, 1, 2], first_token=300))
+    assert cache.load(0, 0) is not None
+    _flip_a_token(cache.path(0, 0), 303, 7)  # still inside the vocabulary
+    fresh = RowCache(str(tmp_path), _index(), 512, np.int32)  # the next run's process
+    with caplog.at_level(logging.WARNING, "bucketray.data"):
+        assert fresh.load(0, 0) is None
+    assert f"row cache file {cache.path(0, 0)} is corrupt" in caplog.text
+    assert not os.path.exists(cache.path(0, 0))  # dropped: the next fill writes it again
+
+
+def test_a_row_cache_file_filled_from_other_row_group_content_is_dropped(tmp_path, caplog):
+    cache = RowCache(str(tmp_path), _index(), 512, np.int32)
+    assert cache.store(0, 1, np.array([0, 1]), _rows_table([4, 2]))
+    # same name (another index whose digests differ only where the key does not look), other
+    # recorded row-group content: never served as this index's rows
+    other = RowCache(str(tmp_path), _index(), 512, np.int32)
+    other.index = _index(rg_digests=(("d0", "d1-rewritten"), ("d2",)))
+    with caplog.at_level(logging.WARNING, "bucketray.data"):
+        assert other.load(0, 1) is None
+    assert "other row-group content" in caplog.text
+
+
+def test_a_verified_file_is_hashed_once_per_process(tmp_path, monkeypatch):
+    cache = RowCache(str(tmp_path), _index(), 512, np.int32)
+    cache.store(0, 0, np.array([0, 1, 2]), _rows_table([3, 1, 2]))
+    calls = []
+    real = rowcache._content_digest
+    monkeypatch.setattr(rowcache, "_content_digest", lambda t: calls.append(1) or real(t))
+    assert cache.load(0, 0) is not None  # the writer computed its digest while writing it
+    assert calls == []
+    reader = RowCache(str(tmp_path), _index(), 512, np.int32)  # another process
+    assert reader.load(0, 0) is not None and reader.load(0, 0) is not None
+    assert len(calls) == 1
+
+
+# --------------------------------------------------------------------------- where it can write
+
+
+def _cfg(tmp_path, **data):
+    from pipeline.core.config import RunConfig
+
+    raw = {"data": {"path": str(tmp_path / "d"), **data}, "model": {"vocab_size": 512}}
+    return RunConfig.model_validate(raw)
+
+
+def test_an_unwritable_default_row_cache_falls_back_to_the_user_cache_with_one_warning(
+    tmp_path, monkeypatch, caplog
+):
+    # the dataset's directory cannot take the cache (a file stands where `rows` would go, as a
+    # read-only volume refuses it): the user's cache directory is used instead
+    (tmp_path / "ro").write_text("not a directory")
+    monkeypatch.setattr(rowcache, "USER_CACHE", str(tmp_path / "home-cache" / "rows"))
+    ix = _index(cache_dir=str(tmp_path / "ro" / "_bucketray_index"))
+    with caplog.at_level(logging.WARNING, "bucketray.data"):
+        cache = RowCache.for_run(_cfg(tmp_path), ix, warn=True)
+        feeder = RowCache.for_run(_cfg(tmp_path), ix)  # the feeder: same place, no warning
+    assert cache.root == feeder.root == str(tmp_path / "home-cache" / "rows")
+    assert caplog.text.count("WARNING") == 1 and "cannot write" in caplog.text
+    assert cache.store(0, 0, np.array([0, 1, 2]), _rows_table([3, 1, 2]))
+    # nowhere to write at all: no cache, every range read from parquet
+    monkeypatch.setattr(rowcache, "USER_CACHE", str(tmp_path / "ro" / "rows"))
+    assert RowCache.for_run(_cfg(tmp_path), ix, warn=True) is None
+    assert "row cache off" in caplog.text
+
+
+def test_an_uncreatable_row_cache_dir_is_refused_naming_the_key(tmp_path):
+    from pipeline.core.config import ConfigError
+    from pipeline.data.rowcache import check_row_cache_dir
+
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match=r"^data\.row_cache_dir=.*file/rows: cannot create"):
+        check_row_cache_dir(str(tmp_path / "file" / "rows"))
+    check_row_cache_dir(str(tmp_path / "ok"))  # creatable: fine
+    check_row_cache_dir(None)

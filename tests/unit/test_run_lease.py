@@ -144,7 +144,14 @@ def test_first_signal_requests_a_stop_the_second_aborts(tmp_path, capsys):
     handler(signal.SIGTERM, None)
     assert requests == [1] and calls == []
     assert "SIGTERM: stopping after the current step" in capsys.readouterr().err
-    handler(signal.SIGINT, None)
-    assert calls == [1] and requests == [1]
+    with pytest.raises(SystemExit) as ended:
+        handler(signal.SIGTERM, None)
+    assert calls == [1] and requests == [1] and ended.value.code == 130
+    # the second signal ends the driver with a closing line, not silently
+    assert (
+        capsys.readouterr()
+        .err.splitlines()[-1]
+        .startswith("[bucketray] aborted by a second SIGTERM")
+    )
     with pytest.raises(SystemExit):
         handler(signal.SIGINT, None)

@@ -1,0 +1,73 @@
+"""Model construction errors are user errors: checked on the driver before any worker starts,
+and named by their key when a worker still meets one.
+
+A missing or malformed `model.hf_config`, an unknown `model_type`, `transformers` not
+installed, or a factory that cannot be imported fails the same way on every worker and every
+retry. The driver checks what it can from the config alone (`check_model`, no model is
+built); `build_model_or_refuse` turns what only building reveals into a `ModelBuildError`, a
+ConfigError, so Ray Train raises it at the first failure instead of retrying it.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from pipeline.core.config import ConfigError, ModelConfig
+from pipeline.learn.factory import HF_CAUSAL_LM, build_model, hf_config_dict
+
+__all__ = ["ModelBuildError", "build_model_or_refuse", "check_model"]
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """Memory, not configuration: left to Ray Train's retries (another node may have room)."""
+    return isinstance(e, MemoryError) or "out of memory" in str(e).lower()
+
+
+class ModelBuildError(ConfigError):
+    """The model named by `model.*` cannot be built: the message names the key and the fix."""
+
+
+def check_model(cfg: ModelConfig) -> None:
+    """Refuse on the driver a model that no worker could build (see the module docstring)."""
+    from pipeline.learn.model import MODELS
+
+    if cfg.name in MODELS or ":" in cfg.name:
+        return  # a factory may import only on the workers (their working_dir): built there
+    if cfg.name != HF_CAUSAL_LM:
+        try:
+            build_model(cfg, 1)  # the registry's refusal, which names the choices
+        except ValueError as e:
+            raise ModelBuildError(str(e)) from None
+        return
+    try:
+        d = hf_config_dict(cfg.hf_config)
+    except (ValueError, OSError) as e:
+        raise ModelBuildError(str(e)) from None
+    model_type = d.get("model_type")
+    if not model_type:
+        raise ModelBuildError("model.hf_config needs a model_type (e.g. llama, gpt2, qwen2)")
+    try:
+        from transformers import CONFIG_MAPPING
+    except ImportError:
+        raise ModelBuildError(
+            "model.name=hf_causal_lm needs Hugging Face transformers: pip install 'bucketray[hf]'"
+        ) from None
+    if model_type not in CONFIG_MAPPING:
+        raise ModelBuildError(
+            f"model.hf_config: unknown model_type {model_type!r} for transformers (known ones "
+            "include llama, gpt2, qwen2, mistral); fix the config or upgrade transformers"
+        )
+
+
+def build_model_or_refuse(cfg: ModelConfig, max_positions: int) -> nn.Module:
+    """`build_model`, with a configuration error raised as a one-line ModelBuildError."""
+    try:
+        return build_model(cfg, max_positions)
+    except ConfigError:
+        raise
+    except Exception as e:  # transformers' own validation errors derive from Exception only
+        if _out_of_memory(e):
+            raise
+        key = "model.hf_config" if cfg.name == HF_CAUSAL_LM else f"model.name={cfg.name}"
+        text = " ".join(str(e).split()) or type(e).__name__
+        raise ModelBuildError(f"{key}: cannot build the model ({text})") from e
