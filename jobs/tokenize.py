@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
+from pipeline.core.config import ConfigError
 from pipeline.data.tokenize import TokenizeError, tokenize_dataset
 
 
@@ -34,9 +34,13 @@ def main(argv: list[str] | None = None) -> dict:
     a = p.parse_args(argv)
     import ray
 
+    from pipeline.data.connect import connect
+
     started = not ray.is_initialized()
-    if started:
-        ray.init(address=os.environ.get("RAY_ADDRESS") or None, log_to_driver=False)
+    try:  # RAY_ADDRESS (`ray job submit`) or a private local instance, never a stale address file
+        connect(log_to_driver=False, include_dashboard=False)
+    except ConfigError as e:
+        p.exit(2, f"tokenize: {e}\n")
     try:
         summary = tokenize_dataset(
             a.input,

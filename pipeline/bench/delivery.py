@@ -23,6 +23,7 @@ from pipeline.core.config import RunConfig
 from pipeline.core.corpus import write_corpus
 from pipeline.core.epochs import epoch_plan_for, resolve_edges
 from pipeline.data import deliver, rank_batches, start_feeder, stop_feeder
+from pipeline.data.connect import connect
 from pipeline.data.index import build_length_index, filesystem_for, list_shards
 
 __all__ = ["measure_delivery", "baseline_delivery", "measure_chapters"]
@@ -138,11 +139,9 @@ def measure_delivery(
     """Measure the Ray delivery path and the single-process baseline; medians over `repeats` epochs."""
     import ray
 
-    if not ray.is_initialized():
-        # "local" starts a private cluster with this machine's CPUs; pass "auto" or an address
-        # to measure on a running cluster.
-        kw = {"num_cpus": os.cpu_count()} if address == "local" else {}
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, **kw)
+    # "local" starts a private cluster with this machine's CPUs; pass "auto" or an address to
+    # measure on a running cluster (one that does not answer fails in seconds).
+    connect(address, include_dashboard=False, log_to_driver=False, num_cpus=os.cpu_count())
     ray.data.DataContext.get_current().enable_progress_bars = False
     data_dir = data_dir or f"data/bench/seed902k-{num_samples}-{shards}"
     t = time.perf_counter()

@@ -27,7 +27,6 @@ by one for next-token loss) and are -100 on padding and on unsupervised tokens.
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -36,6 +35,7 @@ from pipeline.core.collate import IGNORE_INDEX
 from pipeline.core.config import ConfigError, RunConfig
 from pipeline.core.epochs import resolve_edges, run_epoch_plans
 from pipeline.core.runlength import run_length
+from pipeline.data.connect import connect
 from pipeline.data.feeder import start_feeder, stop_feeder
 from pipeline.data.index import build_length_index, resolve_data_path
 from pipeline.data.rechunk import MicroBatch
@@ -84,14 +84,12 @@ class Delivery:
 def prepare_delivery(cfg: RunConfig, *, name: str | None = None) -> Delivery:
     """Driver side: find (or build) the data, index it, choose the edges, start the feeder.
 
-    Starts Ray if it is not up yet (the cluster in RAY_ADDRESS, else a local one). The feeder
+    Starts Ray if it is not up yet (`pipeline.data.connect`: the cluster in RAY_ADDRESS, else a
+    private local one; a named cluster that does not answer fails in seconds). The feeder
     lives until `stop_delivery`, the end of a `with prepare_delivery(cfg) as delivery:` block, or
     the end of the driver.
     """
-    import ray
-
-    if not ray.is_initialized():
-        ray.init(address=os.environ.get("RAY_ADDRESS", "local"))
+    connect()
     path = resolve_data_path(cfg)
     index = build_length_index(cfg, path)
     edges = [int(e) for e in resolve_edges(cfg, index.lengths)]

@@ -363,6 +363,11 @@ def scan_all(fs: pafs.FileSystem, files: list[str]) -> pa.Table:
     """The scan table of every file, one Ray Data task per file, in file-ordinal order."""
     import ray
 
+    from pipeline.data.connect import connect
+
+    # Started by the project's rule, never by Ray Data's own ray.init(address=None), which joins
+    # whatever cluster an address file left on the machine names (pipeline.data.connect).
+    connect(include_dashboard=False)
     items = [{"file_idx": i, "path": p} for i, p in enumerate(files)]
     ds = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
         _scan_batch, batch_size=1, batch_format="pyarrow", fn_kwargs={"fs": fs}

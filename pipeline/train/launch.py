@@ -27,6 +27,7 @@ from pipeline.core.epochs import run_epoch_plans
 from pipeline.core.metrics import padding_efficiency
 from pipeline.core.plan import EpochPlan
 from pipeline.core.runlength import run_length
+from pipeline.data.connect import CONNECT_TIMEOUT_S, connect
 from pipeline.learn.checkpoint import SAVE_FAIL_ENV
 from pipeline.train.console import (
     WORKER_ENV,
@@ -42,13 +43,7 @@ from pipeline.train.loop import (
     LoopInputs,
     train_loop,
 )
-from pipeline.train.preflight import (
-    check_before_start,
-    check_reachable,
-    check_stable_paths,
-    preflight,
-    resolve_address,
-)
+from pipeline.train.preflight import check_before_start, check_stable_paths, preflight
 from pipeline.train.resume_check import (
     check_resume_on_driver,
     data_file_digests,
@@ -71,8 +66,6 @@ __all__ = [
 # Environment forwarded from the driver to the workers: W&B mode (never the key) and the
 # fault-injection knobs tests use. A cluster provides WANDB_API_KEY to its workers itself.
 FORWARDED_ENV = ("WANDB_MODE", FAIL_AT_STEP_ENV, FAIL_MARKER_ENV, FAIL_RANK_ENV, SAVE_FAIL_ENV)
-# How long a given Ray address may take to answer before the run gives up.
-CONNECT_TIMEOUT_S = 15.0
 # How long the resources of a cluster just joined may take to cover the run's workers.
 NODES_WAIT_S = 60.0
 
@@ -162,30 +155,15 @@ def init_ray(
     instance. A given address that does not answer within `timeout_s` is a one-line
     ConfigError, not minutes of silent retries. Unless `debug`, the console shows the run's own
     lines only (`pipeline.train.console`). True if it joined a running cluster."""
-    import ray
-
-    if ray.is_initialized():
+    joined, ctx = connect(address, timeout_s=timeout_s, logging_level=quiet_driver_logging(debug))
+    if ctx is None:  # Ray was up already (a test's cluster, the own-loop API's caller)
         return False
-    target = resolve_address(address)
-    if target == "auto":
-        from ray._private.services import get_ray_address_from_environment
-
-        try:
-            target = get_ray_address_from_environment("auto", None)
-        except ConnectionError:
-            raise ConfigError(
-                "--address auto: no Ray cluster started by `ray start` on this machine; start "
-                "one, pass its host:port, or leave --address out to train on local Ray"
-            ) from None
-    if target != "local":
-        check_reachable(target, timeout_s)
-    ctx = ray.init(address=target, logging_level=quiet_driver_logging(debug))
     quiet_ray_data(debug)
     if not debug:
         show_run_lines_only()
         logs = f"{ctx.address_info.get('session_dir', '/tmp/ray/session_latest')}/logs"
         print(f"[bucketray] Ray's own output: {logs} (--debug prints it here)", flush=True)
-    return target != "local"
+    return joined
 
 
 def _cluster_capacity(cfg: RunConfig) -> tuple[dict, bool]:

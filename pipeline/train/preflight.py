@@ -1,6 +1,5 @@
 """Checks the driver makes before it starts anything expensive: pure functions, no Ray calls.
 
-- `resolve_address`: which Ray cluster `ray.init` should get (a private local one by default).
 - `check_stable_paths`: inside `ray job submit`, relative output paths would land in the job's
   content-hashed working directory, so a resubmitted job would not find its run again.
 - `preflight`: the workers plus what Ray Data needs must fit in the cluster, else the run
@@ -13,7 +12,6 @@
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Mapping
 
 from pipeline.core.config import ConfigError, RunConfig
@@ -23,11 +21,9 @@ __all__ = [
     "SUBMITTED_JOB_ENV",
     "STABLE_PATH_KEYS",
     "check_before_start",
-    "check_reachable",
     "check_stable_paths",
     "in_submitted_job",
     "preflight",
-    "resolve_address",
 ]
 
 # The job supervisor sets this in the environment of a `ray job submit` entrypoint (RAY_JOB_ID
@@ -61,46 +57,6 @@ def check_before_start(cfg: RunConfig) -> None:
         check_complete_output(cfg.data.path)
     if cfg.data.row_cache:
         check_row_cache_dir(cfg.data.row_cache_dir)
-
-
-# --------------------------------------------------------------------------- which cluster
-
-
-def resolve_address(flag: str | None, environ: Mapping[str, str] = os.environ) -> str:
-    """`ray.init`'s address: the --address flag, else RAY_ADDRESS (what `ray job submit` sets
-    for its entrypoint), else "local" -- a private instance. Never None, which would join
-    whatever cluster the machine's Ray state file names, possibly a dead one."""
-    if flag:
-        return flag
-    return environ.get("RAY_ADDRESS") or "local"
-
-
-def _host_port(address: str) -> tuple[str, int] | None:
-    """(host, port) of a GCS or Ray Client address, None for anything else."""
-    rest = address.split("://", 1)[1] if "://" in address else address
-    host, sep, port = rest.rstrip("/").rpartition(":")
-    if not sep or not port.isdigit():
-        return None
-    return host.strip("[]") or "127.0.0.1", int(port)
-
-
-def check_reachable(address: str, timeout_s: float) -> None:
-    """Raise ConfigError (one line) when nothing answers at `address` within `timeout_s`;
-    `ray.init` would otherwise retry a dead address for minutes without a word."""
-    hp = _host_port(address)
-    if hp is None:
-        raise ConfigError(
-            f"Ray address {address!r} is not host:port (or ray://host:port); pass --address "
-            "auto to join the cluster `ray start` left on this machine"
-        )
-    try:
-        socket.create_connection(hp, timeout=timeout_s).close()
-    except OSError as e:
-        raise ConfigError(
-            f"no Ray cluster answers at {address} ({e.strerror or e}; waited up to "
-            f"{timeout_s:.0f} s): start it, fix --address / RAY_ADDRESS, or unset both to "
-            "train on a private local Ray instance"
-        ) from None
 
 
 # --------------------------------------------------------------------------- stable paths

@@ -5,8 +5,10 @@ retry, and the graceful-stop signal handler."""
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
+import time
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -15,6 +17,7 @@ import ray
 
 from jobs.train import main
 from pipeline.core.config import ConfigError, load_config
+from pipeline.data import connect as connect_mod
 from pipeline.learn.checkpoint import (
     STATE_FILE,
     DataPosition,
@@ -24,6 +27,7 @@ from pipeline.learn.checkpoint import (
 from pipeline.train import launch
 from pipeline.train.runlock import RunLease
 
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.ray
 
 
@@ -64,10 +68,73 @@ def test_stale_ray_state_is_ignored_without_an_address(tmp_path, monkeypatch, no
 
 
 def test_ray_address_from_job_submit_is_joined(monkeypatch, no_ray_init):
-    monkeypatch.setattr(launch, "check_reachable", lambda addr, timeout_s: None)
+    monkeypatch.setattr(connect_mod, "check_reachable", lambda addr, timeout_s: None)
     monkeypatch.setenv("RAY_ADDRESS", "10.1.2.3:6379")
     launch.init_ray(None)
     assert no_ray_init == ["10.1.2.3:6379"]
+
+
+@pytest.fixture
+def stale_address_file(monkeypatch):
+    """A `ray start` head that died and left its address file; yields the dead address. The Ray
+    temp dir is short (Ray's socket paths must fit in 107 bytes) and removed afterwards."""
+    import shutil
+    import tempfile
+
+    tmp = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))
+    dead = f"127.0.0.1:{_dead_port()}"
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp))
+    (tmp / "ray").mkdir()
+    (tmp / "ray" / "ray_current_cluster").write_text(dead)
+    yield dead
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_plan_buckets_on_data_ignores_a_dead_address_file(tmp_path, stale_address_file):
+    """The length index's scan starts Ray by the same rule as jobs.train: a private instance,
+    not the dead cluster an address file names (which Ray Data's own ray.init would retry for
+    minutes)."""
+    import subprocess
+    import sys
+
+    from pipeline.core.corpus import write_corpus
+
+    write_corpus(tmp_path / "d", num_samples=50, shards=1, vocab_size=64, progress=False)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jobs.plan_buckets",
+            "--data",
+            str(tmp_path / "d"),
+            "--json",
+            str(tmp_path / "r.json"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+
+
+def test_tokenize_with_a_dead_ray_address_fails_in_one_line(tmp_path, monkeypatch, capsys):
+    from jobs import tokenize as tokenize_cli
+
+    dead = f"127.0.0.1:{_dead_port()}"
+    monkeypatch.setenv("RAY_ADDRESS", dead)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    t0 = time.monotonic()
+    with pytest.raises(SystemExit) as e:
+        tokenize_cli.main(
+            ["--input", str(tmp_path), "--tokenizer", "x", "--out", str(tmp_path / "o")]
+        )
+    assert e.value.code == 2 and time.monotonic() - t0 < 30
+    err = capsys.readouterr().err.strip()
+    assert dead in err and "\n" not in err
 
 
 def test_cli_with_a_dead_address_fails_in_one_line(monkeypatch, capsys, no_ray_init, tmp_path):

@@ -10,13 +10,12 @@ import numpy as np
 import pytest
 
 from pipeline.core.config import ConfigError, load_config
+from pipeline.data.connect import check_reachable, resolve_address
 from pipeline.train.preflight import (
     DATA_CPUS,
     SUBMITTED_JOB_ENV,
-    check_reachable,
     check_stable_paths,
     preflight,
-    resolve_address,
 )
 
 

@@ -1,0 +1,90 @@
+"""Which Ray cluster a process starts or joins: one rule for every entry point.
+
+`ray.init(address=None)` -- also what Ray Data does when it starts Ray by itself -- first reads
+RAY_ADDRESS, then the address file a `ray start` left on the machine, and joins that cluster:
+someone else's, or a dead one, which it retries for minutes without a word. So every entry point
+(`jobs.train`, `jobs.plan_buckets`, `jobs.tokenize`, `jobs.bench_data`, the own-loop API, the
+length index) goes through `connect`: the address it is given, else RAY_ADDRESS (what
+`ray job submit` sets), else a private local instance; "auto" joins the cluster `ray start` left
+on this machine; a named address that does not answer fails in seconds, in one line.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+
+from pipeline.core.config import ConfigError
+
+__all__ = ["CONNECT_TIMEOUT_S", "check_reachable", "connect", "resolve_address"]
+
+# How long a given Ray address may take to answer before the process gives up.
+CONNECT_TIMEOUT_S = 15.0
+_NEW_INSTANCE_ONLY = ("num_cpus", "num_gpus", "resources", "object_store_memory", "labels")
+
+
+def resolve_address(flag: str | None, environ: Mapping[str, str] = os.environ) -> str:
+    """`ray.init`'s address: the --address flag, else RAY_ADDRESS (what `ray job submit` sets
+    for its entrypoint), else "local" -- a private instance. Never None, which would join
+    whatever cluster the machine's Ray state file names, possibly a dead one."""
+    if flag:
+        return flag
+    return environ.get("RAY_ADDRESS") or "local"
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """(host, port) of a GCS or Ray Client address, None for anything else."""
+    rest = address.split("://", 1)[1] if "://" in address else address
+    host, sep, port = rest.rstrip("/").rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def check_reachable(address: str, timeout_s: float) -> None:
+    """Raise ConfigError (one line) when nothing answers at `address` within `timeout_s`;
+    `ray.init` would otherwise retry a dead address for minutes without a word."""
+    hp = _host_port(address)
+    if hp is None:
+        raise ConfigError(
+            f"Ray address {address!r} is not host:port (or ray://host:port); pass --address "
+            "auto to join the cluster `ray start` left on this machine"
+        )
+    try:
+        socket.create_connection(hp, timeout=timeout_s).close()
+    except OSError as e:
+        raise ConfigError(
+            f"no Ray cluster answers at {address} ({e.strerror or e}; waited up to "
+            f"{timeout_s:.0f} s): start it, fix --address / RAY_ADDRESS, or unset both to "
+            "run on a private local Ray instance"
+        ) from None
+
+
+def connect(
+    address: str | None = None, *, timeout_s: float = CONNECT_TIMEOUT_S, **init_kwargs
+) -> tuple[bool, object | None]:
+    """Start or join Ray by the rule above, unless it is up already. Returns (joined a running
+    cluster, ray.init's context or None when Ray was up). `init_kwargs` go to `ray.init`
+    (a private instance's `num_cpus`, `logging_level`, ...)."""
+    import ray
+
+    if ray.is_initialized():
+        return False, None
+    target = resolve_address(address)
+    if target == "auto":
+        from ray._private.services import get_ray_address_from_environment
+
+        try:
+            target = get_ray_address_from_environment("auto", None)
+        except ConnectionError:
+            raise ConfigError(
+                "--address auto: no Ray cluster started by `ray start` on this machine; start "
+                "one, pass its host:port, or leave --address out to run on local Ray"
+            ) from None
+    if target != "local":
+        check_reachable(target, timeout_s)
+        # What only a new instance can be given (ray.init refuses it when joining).
+        init_kwargs = {k: v for k, v in init_kwargs.items() if k not in _NEW_INSTANCE_ONLY}
+    ctx = ray.init(address=target, **init_kwargs)
+    return target != "local", ctx
