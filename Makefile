@@ -3,7 +3,7 @@ PY      := .venv/bin/python
 STAMP   := .venv/.installed
 CONFIG  ?= configs/local.yaml
 
-.PHONY: setup demo test test-all bench lint report gpu-smoke clean
+.PHONY: setup demo test test-slow test-all bench lint report gpu-smoke clean
 
 setup: $(STAMP)
 
@@ -13,17 +13,20 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-## Train the embedded default locally: synthetic corpus, 2 CPU workers, W&B offline.
+## Train the embedded default locally: real text, 2 CPU workers, W&B offline; ends in the run's picture.
 demo: $(STAMP)
 	WANDB_MODE=$${WANDB_MODE:-offline} $(PY) -m jobs.train --config $(CONFIG)
 
-## Default test suite (unit + local Ray), well under 20 minutes on 2 cores.
+## Default test suite (unit + local Ray): at most 10 minutes on 2 cores.
 test: $(STAMP)
-	WANDB_MODE=disabled $(PY) -m pytest -q -m "not slow"
+	WANDB_MODE=disabled $(PY) -m pytest -q -m "not slow" --durations=10
 
-## Everything, including the slow fault-injection suites.
-test-all: $(STAMP)
-	WANDB_MODE=disabled $(PY) -m pytest -q
+## The slow suites (fault injection, job submission, whole runs); CI runs them after `make test`.
+test-slow: $(STAMP)
+	WANDB_MODE=disabled $(PY) -m pytest -q -m slow --durations=10
+
+## Everything: the default suite, then the slow one.
+test-all: test test-slow
 
 ## Benchmarks: writes BENCHMARKS.md, benchmarks/results.json, plots and the README headline.
 bench: $(STAMP)

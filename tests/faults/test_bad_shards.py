@@ -1,8 +1,14 @@
-"""Contract 10 for shards that go bad after indexing: a file replaced between epochs by an
-unreadable one, or by one with other rows, stops the next epoch's read with an error naming the
-file — it never trains on what the plan did not index. Re-indexing under
-`data.on_bad_rows=quarantine` then counts the file and trains on the rest. (Corrupt shards found
-at index time: tests/ray/test_bad_input.py, truncated_file and non_parquet_file cases.)"""
+"""Contract 10 for shards that go bad after indexing: a run never trains on what its plan did not
+index. A file replaced between epochs by an unreadable one, or by one with other rows:
+- read from parquet (`data.row_cache: false`), it stops the next epoch's read with an error
+  naming the file;
+- with the row cache (the default), the next epoch is served from the rows decoded and verified
+  when the run indexed them -- the data the plan was made from -- and the next start or resume
+  of the run rescans the changed file and names it (an unreadable one is refused; other rows
+  change its digest, which a resume refuses naming the file: tests/ray/test_driver_control.py).
+Re-indexing under `data.on_bad_rows=quarantine` then counts the file and trains on the rest.
+(Corrupt shards found at index time: tests/ray/test_bad_input.py, truncated_file and
+non_parquet_file cases.)"""
 
 from __future__ import annotations
 
@@ -49,7 +55,7 @@ def _other_rows(path):
 @pytest.mark.parametrize("replace", [_truncate, _other_rows], ids=["unreadable", "other_rows"])
 def test_contract10_shard_replaced_between_epochs_names_the_file(local_ray, tmp_path, replace):
     d = _shards(tmp_path)
-    cfg = cfg_for(d)
+    cfg = cfg_for(d, row_cache=False)
     index = build_length_index(cfg)
     name = f"replaced-{uuid.uuid4().hex[:6]}"
     start_feeder(cfg, index, EDGES, name=name, path=str(d), prefetch=False)
@@ -62,6 +68,35 @@ def test_contract10_shard_replaced_between_epochs_names_the_file(local_ray, tmp_
         stop_feeder(name)
     msg = str(e.value)
     assert str(d / "b.parquet") in msg and "since indexing" in msg, msg[-2000:]
+
+
+@pytest.mark.parametrize("replace", [_truncate, _other_rows], ids=["unreadable", "other_rows"])
+def test_contract10_shard_replaced_between_epochs_trains_the_indexed_rows_and_the_next_start_names_it(
+    local_ray, tmp_path, replace
+):
+    from pipeline.data import DataError
+    from pipeline.train.resume_check import data_file_digests
+
+    d = _shards(tmp_path)
+    cfg = cfg_for(d, row_cache_dir=str(tmp_path / "rows"))
+    index = build_length_index(cfg)
+    name = f"cached-{uuid.uuid4().hex[:6]}"
+    start_feeder(cfg, index, EDGES, name=name, path=str(d), prefetch=False)
+    try:
+        _epoch(name, 0)
+        replace(d / "b.parquet")
+        # The rows the plan indexed, verified against the index's digests when they were cached.
+        assert np.array_equal(np.sort(_epoch(name, 1)), index.sample_ids)
+    finally:
+        stop_feeder(name)
+    before = data_file_digests(index)
+    try:
+        after = data_file_digests(build_length_index(cfg))
+    except DataError as e:  # the unreadable file, named
+        assert str(d / "b.parquet") in str(e)
+        return
+    changed = {f for f in before if before[f] != after.get(f)}
+    assert changed == {"b.parquet"}, (before, after)
 
 
 def test_contract10_unreadable_shard_is_counted_when_reindexed_under_quarantine(

@@ -30,8 +30,10 @@ from pipeline.core.corpus import write_corpus
 from pipeline.data import build_length_index, epoch_plan_for, resolve_edges
 from pipeline.data.index import filesystem_for
 from pipeline.learn.checkpoint import load_checkpoint
+from pipeline.train.history import StepHistory
 from pipeline.train.launch import run
 from pipeline.train.loop import FAIL_AT_STEP_ENV, FAIL_MARKER_ENV
+from pipeline.train.run_picture import draw_run
 from tests.ray.conftest import private_ray
 
 pytestmark = pytest.mark.ray
@@ -257,6 +259,17 @@ def test_killed_run_resumes_from_the_bucket_with_the_planned_batches(
     local.mkdir()
     pafs.copy_files(resumed.checkpoint, str(local), destination_filesystem=pafs.LocalFileSystem())
     assert load_checkpoint(local).position.steps_done == MAX_STEPS
+
+    # The run's picture lies beside its checkpoints in the bucket, and `jobs.plot_run` draws it
+    # again from the storage path alone (every step of both attempts, the lost ones replaced).
+    assert resumed.picture == f"{RUNS}/{name}/run.png"
+    assert f"{run_prefix}/run.png" in objects
+    out = tmp_path / "again.png"
+    assert draw_run(f"{RUNS}/{name}", str(out)) == str(out)
+    assert out.read_bytes().startswith(b"\x89PNG")
+    assert StepHistory.read_dir(str(local)).arrays()["step"].tolist() == list(
+        range(1, MAX_STEPS + 1)
+    )
 
     # No credential in the bucket's run objects, the config, the run's output or Ray's logs.
     secrets = (ACCESS_KEY.encode(), SECRET_KEY.encode())

@@ -84,7 +84,7 @@ def test_a_worker_group_failure_with_a_full_disk_is_one_line_exit_2(monkeypatch,
 
     full = OSError(errno.ENOSPC, "No space left on device", "/runs/r/checkpoint_step00000010")
 
-    def run(cfg, *, address=None):
+    def run(cfg, *, address=None, debug=False):
         raise WorkerGroupError("training failed", {0: full})
 
     monkeypatch.setattr(launch, "run", run)
