@@ -15,7 +15,12 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from pipeline.core.config import Batching, PlanConfig
-from pipeline.core.metrics import BucketLossTracker, batch_recomposition, switch_rate
+from pipeline.core.metrics import (
+    BucketLossTracker,
+    batch_recomposition,
+    readability_ratio,
+    switch_rate,
+)
 from pipeline.core.plan import EpochPlan, epoch_plan
 from pipeline.core.report import megabatch_order
 
@@ -147,8 +152,7 @@ def loss_readability(curves: dict, skip: int = 0) -> dict:
     """
     raw = np.array([v for _, v in curves["loss"]], dtype=np.float64)[skip:]
     deb = np.array([v for _, v in curves["loss_debiased"]], dtype=np.float64)[skip:]
-    var_raw = float(np.var(np.diff(raw))) if raw.size > 2 else float("nan")
-    var_deb = float(np.var(np.diff(deb))) if deb.size > 2 else float("nan")
+    var_raw, var_deb, ratio = readability_ratio(raw, deb)
     buckets = np.asarray(curves.get("bucket", []))
     return {
         "steps": int(raw.size),
@@ -159,5 +163,5 @@ def loss_readability(curves: dict, skip: int = 0) -> dict:
         "tracker_ridge": BucketLossTracker(1).ridge,
         "diff_var_raw": var_raw,
         "diff_var_debiased": var_deb,
-        "ratio": var_deb / var_raw if var_raw > 0 else float("nan"),
+        "ratio": ratio,
     }

@@ -53,6 +53,20 @@ def truncation_counts(lengths: np.ndarray, top: int) -> dict[str, int]:
     }
 
 
+def readability_ratio(raw: np.ndarray, debiased: np.ndarray) -> tuple[float, float, float]:
+    """(variance of the step-to-step change of the raw loss, the same of the debiased loss,
+    debiased / raw) over the steps where both are finite. Variance of first differences: a slow
+    trend barely contributes, the jumps a bucket change causes do; below 1, the debiased curve is
+    the steadier one to read. NaN where fewer than 3 steps are left."""
+    raw, debiased = np.asarray(raw, np.float64), np.asarray(debiased, np.float64)
+    ok = np.isfinite(raw) & np.isfinite(debiased)
+    d_raw, d_deb = np.diff(raw[ok]), np.diff(debiased[ok])
+    if d_raw.size < 2:
+        return float("nan"), float("nan"), float("nan")
+    var_raw, var_deb = float(np.var(d_raw)), float(np.var(d_deb))
+    return var_raw, var_deb, var_deb / var_raw if var_raw > 0 else float("nan")
+
+
 class BucketLossTracker:
     """Per-bucket loss offsets and the bucket-debiased step loss.
 

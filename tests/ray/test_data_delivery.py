@@ -7,6 +7,7 @@ calling `rank_batches`, which is all a Ray Train worker does.
 from __future__ import annotations
 
 import os
+import time
 import uuid
 
 import numpy as np
@@ -157,8 +158,17 @@ def test_contract6_determinism_two_runs_identical_per_rank_ids(corpus):
 def test_contract1_epoch1_differs_from_epoch0_and_is_prefetched(corpus):
     name = corpus.feeder(prefetch=True)
     e0 = ids_per_rank(corpus.streams(2, epoch=0, name=name))
-    status = ray.get(ray.get_actor(name).status.remote())
-    assert any(s.get("epoch") == 1 or s.get("key", (None,))[0] == 1 for s in status)
+
+    def epoch1_started() -> bool:
+        status = ray.get(ray.get_actor(name).status.remote())
+        return any(s.get("epoch") == 1 or s.get("key", (None,))[0] == 1 for s in status)
+
+    # The next epoch is planned on the feeder's preparing thread once every rank asked for the
+    # last chapter, so it shows up shortly after, not necessarily by the time epoch 0 is read.
+    deadline = time.monotonic() + 60
+    while not epoch1_started() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert epoch1_started()
     e1 = ids_per_rank(corpus.streams(2, epoch=1, name=name))
     assert not np.array_equal(e0[0], e1[0])
     assert np.array_equal(np.sort(np.concatenate(e1)), corpus.index.sample_ids)
