@@ -49,6 +49,7 @@ from functools import cached_property
 import numpy as np
 
 from pipeline.core.buckets import assign
+from pipeline.core.plan import EpochPlan, packed_micro_offsets, split_offsets
 from pipeline.core.sections import ConfigError
 
 __all__ = [
@@ -210,14 +211,33 @@ class PackedPlan:
     @cached_property
     def micro_rows(self) -> np.ndarray:
         """[S, world_size + 1] boundaries (in rows) of each rank's share of each step."""
-        from pipeline.core.plan import split_offsets  # plan imports this module's users
-
         return split_offsets(self.step_rows, self.world_size)
 
     @cached_property
     def micro_offsets(self) -> np.ndarray:
         """[S, world_size + 1] boundaries (in samples) of each rank's micro-batch of each step."""
-        return self.row_offsets[self.micro_rows]
+        return packed_micro_offsets(self.row_offsets, self.step_rows, self.world_size)
+
+    def as_epoch_plan(self, pad_to_multiple_of: int = 8) -> EpochPlan:
+        """The plan delivery uses: the same steps, rows and hash as an EpochPlan whose
+        micro-batches are whole rows; a step's bucket is the bucket of its first row."""
+        return EpochPlan(
+            seed=self.seed,
+            epoch=self.epoch,
+            world_size=self.world_size,
+            edges=self.edges,
+            first_step=self.first_step,
+            step_bucket=self.row_bucket[self.step_rows[:-1]],
+            step_offsets=self.row_offsets[self.step_rows],
+            sample_ids=self.sample_ids,
+            lengths=self.lengths,
+            pad_to_multiple_of=pad_to_multiple_of,
+            _hash_parts=(self._hash,),
+            row_offsets=self.row_offsets,
+            step_rows=self.step_rows,
+            row_tokens=self.spec.row_tokens,
+            rows_per_step=self.spec.rows_per_step,
+        )
 
     def rank_costs(self) -> np.ndarray:
         """[S, world_size] cost each rank runs at each step (a rank without rows: 0)."""
