@@ -83,7 +83,7 @@ def pair_repeat(step_a: np.ndarray, step_b: np.ndarray, pairs: int, seed: int = 
 
 def _step_of(plan, n: int) -> np.ndarray:
     """Global step of every sample (by sample id) of a padded or packed plan."""
-    if hasattr(plan, "step_rows"):
+    if getattr(plan, "step_rows", None) is not None:
         per_step = np.diff(plan.row_offsets[plan.step_rows])
     else:
         per_step = np.diff(plan.step_offsets)
