@@ -53,7 +53,7 @@ def collate_packed(
         empty = np.zeros((0, 0), dtype=np.int64)
         return {
             "input_ids": empty,
-            "attention_mask": empty,
+            "attention_mask": empty.astype(np.int32),
             "labels": empty,
             "position_ids": empty,
             "num_real_tokens": np.int64(0),
@@ -86,6 +86,8 @@ def collate_packed(
         a = _rows(flat, n, row_start, T)
         np.copyto(a, fill, casting="unsafe", where=pad)
         out[name] = a
+    # int32: the dtype that tells a model the batch is packed (pipeline.learn.packed_attention).
+    out["attention_mask"] = out["attention_mask"].astype(np.int32)
     out["num_real_tokens"] = np.int64(n)
     out["num_padded_tokens"] = np.int64(B * T)
     out["num_documents"] = np.int64(doc_lens.size)

@@ -37,8 +37,10 @@ __all__ = [
 
 
 def is_packed(attention_mask: torch.Tensor) -> bool:
-    """Whether a batch holds more than one document in some row (document numbers above 1)."""
-    return attention_mask.numel() > 0 and bool(attention_mask.max() > 1)
+    """Whether a batch is packed: its mask holds document numbers, as int32
+    (`pipeline.core.packed_collate`), where a padded batch's holds 0/1 as int64. The dtype says
+    which without reading the values, so a GPU forward never waits on a device sync for it."""
+    return attention_mask.dtype == torch.int32
 
 
 def block_causal_mask(doc: torch.Tensor) -> torch.Tensor:

@@ -118,7 +118,7 @@ def test_packed_collate_keeps_a_loss_mask_and_refuses_an_overfull_row():
 
 
 def test_block_causal_mask_and_cu_seqlens_describe_the_documents():
-    doc = torch.tensor([[1, 1, 2, 2, 2, 0], [1, 1, 1, 1, 1, 1]])
+    doc = torch.tensor([[1, 1, 2, 2, 2, 0], [1, 1, 1, 1, 1, 1]], dtype=torch.int32)
     m = block_causal_mask(doc)[0, 0]
     assert m[3].tolist() == [False, False, True, True, False, False]
     assert m[1].tolist() == [True, True, False, False, False, False]
