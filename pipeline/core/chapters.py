@@ -247,12 +247,17 @@ def chapter_plan(plan: EpochPlan, first_step: int, end_step: int) -> EpochPlan:
             f"chapter end {end_step} outside plan steps [{first_step}, {first_step + tail.num_steps}]"
         )
     hi = int(tail.step_offsets[n])
+    rows = {}
+    if tail.packed:
+        r = int(tail.step_rows[n])
+        rows = dict(row_offsets=tail.row_offsets[: r + 1], step_rows=tail.step_rows[: n + 1])
     return dataclasses.replace(
         tail,
         step_bucket=tail.step_bucket[:n],
         step_offsets=tail.step_offsets[: n + 1],
         sample_ids=tail.sample_ids[:hi],
         lengths=tail.lengths[:hi],
+        **rows,
     )
 
 

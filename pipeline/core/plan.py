@@ -6,6 +6,11 @@ batches of all buckets are then put in an epoch-seeded random order, and each gl
 across ranks as evenly as possible. Global batches do not depend on the world size, so resuming
 on another number of workers keeps the global sample order (contract 8); every rank gets one
 micro-batch, possibly empty, at every step, so all ranks run the same number of steps (contract 3).
+
+A packed plan (pipeline.core.packing) is an EpochPlan whose steps are made of rows of whole
+samples (`row_offsets`, `step_rows`): its micro-batches are split at row boundaries, each rank
+getting an equal share of a step's rows (`packed_micro_offsets`); keys, slices and chapters are
+otherwise the same.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ __all__ = [
     "epoch_plan",
     "global_batch_sizes",
     "length_order",
+    "packed_micro_offsets",
     "split_offsets",
     "steps_per_epoch",
     "INTERLEAVE_STREAM",
@@ -58,6 +64,14 @@ def split_offsets(step_offsets: np.ndarray, world_size: int) -> np.ndarray:
     r = np.arange(world_size + 1)[None, :]
     q, rem = n // world_size, n % world_size
     return step_offsets[:-1, None] + r * q + np.minimum(r, rem)
+
+
+def packed_micro_offsets(
+    row_offsets: np.ndarray, step_rows: np.ndarray, world_size: int
+) -> np.ndarray:
+    """[S, world_size + 1] boundaries, in samples, of each rank's micro-batch of a packed plan:
+    a step's rows split over the ranks by `split_offsets`' rule, so no row is ever cut."""
+    return np.asarray(row_offsets, dtype=np.int64)[split_offsets(step_rows, world_size)]
 
 
 def length_order(lengths: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -107,6 +121,11 @@ class RankView:
     offsets: np.ndarray  # [num_steps + 1] boundaries into sample_ids
     sample_ids: np.ndarray
     lengths: np.ndarray
+    # Packed plans only: [rows + 1] boundaries of the rank's rows in sample_ids, and
+    # [num_steps + 1] boundaries of each micro-batch's rows in them.
+    row_offsets: np.ndarray | None = None
+    micro_rows: np.ndarray | None = None
+    row_tokens: int = 0
 
 
 @dataclass(frozen=True, eq=False)
@@ -125,6 +144,15 @@ class EpochPlan:
     num_dropped: int = 0  # samples dropped by drop_remainder
     pad_to_multiple_of: int = 8
     _hash_parts: tuple = field(default=(), repr=False)
+    # Packed plans only (pipeline.core.packing): rows of whole samples, row_tokens each at most.
+    row_offsets: np.ndarray | None = None  # [R + 1] into sample_ids
+    step_rows: np.ndarray | None = None  # [S + 1] into rows
+    row_tokens: int = 0
+    rows_per_step: int = 0  # rows of a full step; the world size must divide it
+
+    @property
+    def packed(self) -> bool:
+        return self.row_offsets is not None
 
     @property
     def num_steps(self) -> int:
@@ -140,7 +168,10 @@ class EpochPlan:
 
     @cached_property
     def micro_offsets(self) -> np.ndarray:
-        """[S, world_size + 1] boundaries of each rank's micro-batch (`split_offsets`)."""
+        """[S, world_size + 1] boundaries of each rank's micro-batch (`split_offsets`; packed:
+        `packed_micro_offsets`)."""
+        if self.packed:
+            return packed_micro_offsets(self.row_offsets, self.step_rows, self.world_size)
         return split_offsets(self.step_offsets, self.world_size)
 
     def rank_view(self, rank: int) -> RankView:
@@ -150,6 +181,16 @@ class EpochPlan:
         lo, hi = self.micro_offsets[:, rank], self.micro_offsets[:, rank + 1]
         sizes = hi - lo
         idx = _ranges(lo, sizes)
+        rows = {}
+        if self.packed:
+            mr = split_offsets(self.step_rows, self.world_size)
+            row_n = mr[:, rank + 1] - mr[:, rank]
+            row_sizes = np.diff(self.row_offsets)[_ranges(mr[:, rank], row_n)]
+            rows = dict(
+                row_offsets=np.concatenate([[0], np.cumsum(row_sizes)]),
+                micro_rows=np.concatenate([[0], np.cumsum(row_n)]),
+                row_tokens=self.row_tokens,
+            )
         return RankView(
             rank=rank,
             steps=self.first_step + np.arange(self.num_steps),
@@ -157,6 +198,7 @@ class EpochPlan:
             offsets=np.concatenate([[0], np.cumsum(sizes)]),
             sample_ids=self.sample_ids[idx],
             lengths=self.lengths[idx],
+            **rows,
         )
 
     def sort_keys(self) -> tuple[np.ndarray, np.ndarray]:
@@ -187,6 +229,15 @@ class EpochPlan:
                 f"step {from_step} outside plan steps [{self.first_step}, {self.first_step + self.num_steps}]"
             )
         lo = int(self.step_offsets[rel])
+        rows = {}
+        if self.packed:
+            r0 = int(self.step_rows[rel])
+            rows = dict(
+                row_offsets=self.row_offsets[r0:] - lo,
+                step_rows=self.step_rows[rel:] - r0,
+                row_tokens=self.row_tokens,
+                rows_per_step=self.rows_per_step,
+            )
         return EpochPlan(
             seed=self.seed,
             epoch=self.epoch,
@@ -200,12 +251,17 @@ class EpochPlan:
             num_dropped=self.num_dropped,
             pad_to_multiple_of=self.pad_to_multiple_of,
             _hash_parts=self._hash_parts,
+            **rows,
         )
 
     def with_world_size(self, world_size: int) -> EpochPlan:
         """The same global batches split over another number of ranks (contract 8)."""
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
+        if self.packed:
+            from pipeline.core.packing import check_world_size  # packing builds on this module
+
+            check_world_size(self.rows_per_step, world_size)
         return EpochPlan(**{**_fields(self), "world_size": world_size})
 
     @cached_property

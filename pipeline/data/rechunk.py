@@ -1,5 +1,8 @@
 """Worker side, no Ray: re-chunk a rank's ordered rows into its plan's micro-batches and pad them.
 
+(Packed plans: a micro-batch is the rank's rows of whole samples, collated by
+`pipeline.core.packed_collate`; "rows" below are the stream's samples.)
+
 Blocks arrive in plan order but cut anywhere; each block's sample ids and lengths are checked
 against the rank's plan view before use, a micro-batch spanning blocks copies just its own rows
 together, and `pipeline.core.collate` pads it (one gather of whole rows per output). An empty
@@ -20,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.core.collate import collate
+from pipeline.core.packed_collate import collate_packed
 from pipeline.core.plan import RankView
 
 if TYPE_CHECKING:
@@ -206,15 +210,30 @@ def deliver(
         else:  # a micro-batch spanning blocks: copy just its rows together
             ids, vals, lens = (np.concatenate([p[k] for p in pieces]) for k in range(3))
             sup = None if pieces[0][3] is None else np.concatenate([p[3] for p in pieces])
-        out = collate(
-            vals,
-            np.concatenate([[0], np.cumsum(lens)]),
-            upper=int(edges[bucket + 1]),
-            pad_to_multiple_of=pad_to_multiple_of,
-            pad_id=pad_id,
+        sup_kw = dict(
             loss_mask=sup if supervision == "loss_mask" else None,
             labels=sup if supervision == "labels" else None,
         )
+        doc_offsets = np.concatenate([[0], np.cumsum(lens)])
+        if view.row_offsets is not None:  # packed: whole rows of documents
+            r0, r1 = int(view.micro_rows[m]), int(view.micro_rows[m + 1])
+            out = collate_packed(
+                vals,
+                doc_offsets,
+                view.row_offsets[r0 : r1 + 1] - a,
+                row_tokens=view.row_tokens,
+                pad_id=pad_id,
+                **sup_kw,
+            )
+        else:
+            out = collate(
+                vals,
+                doc_offsets,
+                upper=int(edges[bucket + 1]),
+                pad_to_multiple_of=pad_to_multiple_of,
+                pad_id=pad_id,
+                **sup_kw,
+            )
         t = {k: torch.from_numpy(out[k]) for k in TENSOR_KEYS}
         if pin:
             t = {k: v.pin_memory() for k, v in t.items()}

@@ -16,7 +16,10 @@ THE FORWARD SIGNATURE (the one place it is defined). Every model is called as
     logits = model(input_ids, attention_mask, position_ids)
 
 with three int64 tensors [B, L] as the collate writes them: token ids (padding on the right),
-1 for real tokens and 0 for padding, and positions 0..n-1 within each sample (0 on padding). It
+1 for real tokens and 0 for padding, and positions 0..n-1 within each sample (0 on padding).
+In packed mode (several samples per row, pipeline.core.packed_collate) the mask holds each
+token's document number (1, 2, ...; 0 on padding) and positions restart per document: a model
+must then attend within documents only, and says it does with `supports_packed = True`. It
 returns float logits [B, L, vocab_size] (or an object with a `.logits` attribute, as Hugging
 Face models do; the adapter below unwraps it). The model computes no loss: the training loop
 applies bucketray's token-normalised loss (pipeline.learn.loss) to the logits, so the loss of a
@@ -36,6 +39,7 @@ from typing import Any
 from torch import nn
 
 from pipeline.core.config import ModelConfig
+from pipeline.learn.packed_attention import hf_packed_mask, is_packed
 
 __all__ = ["HF_CAUSAL_LM", "HFCausalLM", "build_model", "hf_config_dict", "load_factory"]
 
@@ -43,13 +47,20 @@ HF_CAUSAL_LM = "hf_causal_lm"
 
 
 class HFCausalLM(nn.Module):
-    """A `transformers` causal LM behind the forward signature above; `.hf` is the HF model."""
+    """A `transformers` causal LM behind the forward signature above; `.hf` is the HF model.
+    Packed batches get per-document positions and a block-diagonal causal mask
+    (pipeline.learn.packed_attention.hf_packed_mask)."""
+
+    supports_packed = True
 
     def __init__(self, hf_model: nn.Module):
         super().__init__()
         self.hf = hf_model
 
     def forward(self, input_ids, attention_mask, position_ids):
+        if is_packed(attention_mask):
+            impl = getattr(self.hf.config, "_attn_implementation", None)
+            attention_mask = hf_packed_mask(attention_mask, impl, self.hf.dtype)
         out = self.hf(
             input_ids=input_ids,
             attention_mask=attention_mask,

@@ -8,6 +8,11 @@ Attention uses SDPA's causal flag and no explicit mask, which leaves the flash k
 That is exact for real tokens because padding is on the right (collate): every key a real query
 position i may see (j <= i) is a real token. Padding rows attend to what precedes them; their
 outputs are finite and never reach the loss (their labels are IGNORE_INDEX).
+
+Packed rows (several documents per row, `attention_mask` holding document numbers) attend within
+each document instead (pipeline.learn.packed_attention: flash varlen on CUDA, a block-diagonal
+causal mask elsewhere); positions restart per document, so each document computes what it
+would alone.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.core.config import ModelConfig
+from pipeline.learn.packed_attention import document_attention, is_packed
 
 __all__ = ["MODELS", "TinyDecoder", "build_model", "count_parameters"]
 
@@ -37,22 +43,23 @@ class _Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, doc: torch.Tensor | None = None) -> torch.Tensor:
         B, L, D = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(B, L, 3, self.n_heads, D // self.n_heads).unbind(2)
-        att = F.scaled_dot_product_attention(
-            q.transpose(1, 2),
-            k.transpose(1, 2),
-            v.transpose(1, 2),
-            is_causal=True,
-            dropout_p=self.dropout if self.training else 0.0,
-        )
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        p = self.dropout if self.training else 0.0
+        if doc is None:
+            att = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
+        else:
+            att = document_attention(q, k, v, doc, dropout_p=p)
         x = x + self.drop(self.proj(att.transpose(1, 2).reshape(B, L, D)))
         return x + self.drop(self.mlp(self.ln2(x)))
 
 
 class TinyDecoder(nn.Module):
     """Decoder-only transformer with learned positions and tied input/output embeddings."""
+
+    supports_packed = True  # attends within documents (pipeline.learn.packed_attention)
 
     def __init__(self, cfg: ModelConfig, max_positions: int):
         super().__init__()
@@ -70,11 +77,13 @@ class TinyDecoder(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
     ) -> torch.Tensor:
-        # attention_mask is not needed: padding is on the right, so causal attention already
-        # keeps every real query away from padded keys (module docstring).
+        # A padded batch's mask is not needed: padding is on the right, so causal attention
+        # already keeps every real query away from padded keys (module docstring). A packed
+        # batch's mask numbers the documents each token may attend within.
+        doc = attention_mask if is_packed(attention_mask) else None
         x = self.drop(self.tok(input_ids) + self.pos(position_ids))
         for block in self.blocks:
-            x = block(x)
+            x = block(x, doc)
         return self.head(self.ln_f(x))
 
 

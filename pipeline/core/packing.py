@@ -1,0 +1,436 @@
+"""Packed epochs: whole samples best-fit into fixed-size rows, rows balanced across ranks.
+
+Padding-free training concatenates samples into rows of `row_tokens` tokens and lets each
+document attend only to itself (pipeline.learn.packed_attention), so the price of a step is no
+longer its padding but its work, which this module models and balances. Everything here is a pure
+function of (lengths, edges, seed, epoch, spec):
+
+1. Shuffle: each bucket's samples are permuted by `default_rng((seed, epoch, bucket))` (contract
+   1; edges [0, top] make it one full shuffle).
+2. Pack: each bucket's stream is packed best-fit into a bounded window of `open_rows` open rows:
+   a sample goes to the open row with the least room that still holds it; if none does, a new row
+   opens, closing the fullest open row when the window is full. A sample is never split, so every
+   sample appears exactly once, in exactly one row (contract 4); a row closes once it cannot take
+   the epoch's shortest sample. The window keeps the packing local, so rows keep the shuffle's
+   diversity (which samples share a row is as random as the shuffle), at a fill close to global
+   best-fit's. Buckets' rows are then interleaved in an epoch-seeded random order.
+3. Balance: rows are grouped into windows of `balance_rows` rows; within a window rows are sorted
+   by cost and cut into global steps of `rows_per_step` consecutive rows, so the rows of a step
+   (and hence its ranks) cost nearly the same. Within a step rows are stored heaviest, lightest,
+   second heaviest, second lightest, ..., so any contiguous split over a world size dividing
+   `rows_per_step` pairs heavy with light rows.
+4. Order: sorting within windows makes steps of similar rows, heavy steps first in each window;
+   the order of all steps is then an epoch-seeded permutation (`default_rng((seed, epoch,
+   STEP_STREAM))`), so no trend of cost or length survives within an epoch. The costliest step
+   goes first when `longest_first` is on (an out-of-memory shows at step 1).
+
+COST MODEL (declared once, here). A document of L tokens costs `L + L**2 / attention_width`
+units, a row of `row_tokens` tokens costs `row_tokens + sum(L**2) / attention_width` to run
+(its linear layers see every slot, attention only each document's causal square). Per token a
+decoder layer's linear maps do ~12 d**2 multiply-adds (QKV, output, a 4x MLP) and attention
+~2 d i at position i (scores and values), i.e. d L**2 per document if the kernel skips the masked
+half, 2 d L**2 if it does not; dividing by 12 d**2 gives `attention_width` = 12 d (causal blocks
+skipped) or 6 d (dense score blocks), d the model width. `attention_width_for(d_model)` returns
+6 d, the conservative choice (flash kernels skip only whole masked tiles).
+
+Global steps never depend on the world size (contract 8): `rows_per_step` rows per step, split
+over the ranks with `plan.split_offsets`; a world size that does not divide `rows_per_step` is
+refused (`check_world_size`). The last step of the epoch may hold fewer rows (the remainder,
+split as evenly as possible, so a rank may get none: an empty micro-batch, contract 4).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from bisect import bisect_left
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from pipeline.core.buckets import assign
+from pipeline.core.plan import EpochPlan, packed_micro_offsets, split_offsets
+from pipeline.core.sections import ConfigError
+
+__all__ = [
+    "PackingSpec",
+    "PackedPlan",
+    "STEP_STREAM",
+    "ROW_STREAM",
+    "attention_width_for",
+    "best_fit_rows",
+    "check_world_size",
+    "doc_cost",
+    "pack_epoch",
+]
+
+# RNG stream tags: (seed, epoch, tag) never equals a bucket's (seed, epoch, k), k < 2**16.
+STEP_STREAM = 2**31 - 2
+ROW_STREAM = 2**31 - 3
+PACK_VERSION = 1
+
+
+def attention_width_for(d_model: int) -> int:
+    """The cost model's attention width for a decoder of width d_model (module docstring)."""
+    return 6 * int(d_model)
+
+
+def doc_cost(lengths: np.ndarray, attention_width: int) -> np.ndarray:
+    """Useful work of each document under the cost model: L + L**2 / attention_width."""
+    L = np.asarray(lengths, dtype=np.float64)
+    return L + L * L / attention_width
+
+
+@dataclass(frozen=True)
+class PackingSpec:
+    """How an epoch is packed. Sizes in tokens and rows; every field is part of the plan hash."""
+
+    row_tokens: int  # tokens per row; at least the longest sample
+    rows_per_step: int  # rows per GLOBAL step (all ranks together)
+    attention_width: int  # the cost model's width (attention_width_for(d_model))
+    open_rows: int = 16  # best-fit window: rows open at once, per bucket
+    balance_rows: int = 512  # rows sorted by cost together; rounded up to whole steps
+    longest_first: bool = True  # the costliest step first
+
+    def __post_init__(self):
+        for name in ("row_tokens", "rows_per_step", "attention_width", "open_rows", "balance_rows"):
+            if int(getattr(self, name)) < 1:
+                raise ConfigError(f"batching.{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def window_steps(self) -> int:
+        """Steps per balancing window (balance_rows rounded up to whole steps)."""
+        return -(-self.balance_rows // self.rows_per_step)
+
+
+def check_world_size(rows_per_step: int, world_size: int) -> None:
+    """Refuse a world size that cannot split every full step into equal shares of rows."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if rows_per_step % world_size:
+        fits = [w for w in range(1, rows_per_step + 1) if rows_per_step % w == 0]
+        raise ConfigError(
+            f"batching.rows_per_step={rows_per_step} is not divisible by the world size "
+            f"{world_size}: set rows_per_step to a multiple of {world_size} (e.g. "
+            f"{rows_per_step + (-rows_per_step) % world_size}) or train on {fits} workers"
+        )
+
+
+def best_fit_rows(lengths, row_tokens: int, open_rows: int, min_len: int | None = None):
+    """Best-fit of `lengths` (in stream order) into rows of `row_tokens`, `open_rows` open at once.
+
+    Returns (row of each sample, rows in the order they closed): row ids count rows as they open.
+    The open rows' room is kept sorted, so each placement is a bisection and two list edits (C
+    speed on a list of at most `open_rows` entries); this Python loop over samples is the only
+    non-vectorized part of planning a packed epoch.
+    """
+    lens = np.asarray(lengths, dtype=np.int64)
+    if lens.size and int(lens.max()) > row_tokens:
+        raise ConfigError(
+            f"a sample of {int(lens.max())} tokens does not fit batching.row_tokens={row_tokens}: "
+            f"raise row_tokens to at least {int(lens.max())} (samples are never split)"
+        )
+    floor = int(lens.min()) if min_len is None and lens.size else int(min_len or 1)
+    room: list[int] = []  # ascending room of the open rows
+    rid: list[int] = []  # their row ids, aligned with room
+    closed: list[int] = []
+    row_of = [0] * lens.size
+    nxt = 0
+    # Bound methods as locals: this loop runs once per sample (~0.9 M at the preset).
+    bisect, close = bisect_left, closed.append
+    room_pop, rid_pop, room_ins, rid_ins = room.pop, rid.pop, room.insert, rid.insert
+    for i, n in enumerate(lens.tolist()):
+        j = bisect(room, n)
+        if j < len(room):
+            r = rid_pop(j)
+            left = room_pop(j) - n
+        else:
+            if len(room) == open_rows:
+                close(rid_pop(0))  # the fullest open row makes way
+                room_pop(0)
+            r, nxt, left = nxt, nxt + 1, row_tokens - n
+        row_of[i] = r
+        if left < floor:
+            close(r)  # it can take no sample of this epoch any more
+        else:
+            k = bisect(room, left)
+            room_ins(k, left)
+            rid_ins(k, r)
+    closed.extend(sorted(rid))  # the stream's end closes the rest, oldest first
+    return np.asarray(row_of, dtype=np.int64), np.asarray(closed, dtype=np.int64)
+
+
+@dataclass(frozen=True, eq=False)
+class PackedPlan:
+    """A packed epoch: step s holds rows [step_rows[s], step_rows[s+1]); row r holds samples
+    [row_offsets[r], row_offsets[r+1]) of sample_ids (a slice for resume keeps absolute steps in
+    first_step and re-bases the offsets)."""
+
+    seed: int
+    epoch: int
+    world_size: int
+    spec: PackingSpec
+    edges: np.ndarray
+    first_step: int
+    step_rows: np.ndarray  # [S + 1] into rows
+    row_offsets: np.ndarray  # [R + 1] into sample_ids
+    row_bucket: np.ndarray  # [R] bucket of each row's samples
+    sample_ids: np.ndarray  # [N] in (step, row, position in row) order
+    lengths: np.ndarray  # [N] aligned with sample_ids
+    _hash: str = field(default="", repr=False)
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.step_rows.size - 1)
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.row_offsets.size - 1)
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.sample_ids.size)
+
+    @property
+    def content_hash(self) -> str:
+        """Hash of the whole epoch's packing; the same for every world size and slice."""
+        return self._hash
+
+    @cached_property
+    def row_lengths(self) -> np.ndarray:
+        """Real tokens in each row."""
+        return _segment_sums(self.lengths, self.row_offsets)
+
+    @cached_property
+    def row_cost(self) -> np.ndarray:
+        """Each row's cost to run: row_tokens + sum(L**2) / attention_width (cost model)."""
+        L = self.lengths.astype(np.float64)
+        attn = _segment_sums(L * L, self.row_offsets) / self.spec.attention_width
+        return self.spec.row_tokens + attn
+
+    @cached_property
+    def micro_rows(self) -> np.ndarray:
+        """[S, world_size + 1] boundaries (in rows) of each rank's share of each step."""
+        return split_offsets(self.step_rows, self.world_size)
+
+    @cached_property
+    def micro_offsets(self) -> np.ndarray:
+        """[S, world_size + 1] boundaries (in samples) of each rank's micro-batch of each step."""
+        return packed_micro_offsets(self.row_offsets, self.step_rows, self.world_size)
+
+    def as_epoch_plan(self, pad_to_multiple_of: int = 8) -> EpochPlan:
+        """The plan delivery uses: the same steps, rows and hash as an EpochPlan whose
+        micro-batches are whole rows; a step's bucket is the bucket of its first row."""
+        return EpochPlan(
+            seed=self.seed,
+            epoch=self.epoch,
+            world_size=self.world_size,
+            edges=self.edges,
+            first_step=self.first_step,
+            step_bucket=self.row_bucket[self.step_rows[:-1]],
+            step_offsets=self.row_offsets[self.step_rows],
+            sample_ids=self.sample_ids,
+            lengths=self.lengths,
+            pad_to_multiple_of=pad_to_multiple_of,
+            _hash_parts=(self._hash,),
+            row_offsets=self.row_offsets,
+            step_rows=self.step_rows,
+            row_tokens=self.spec.row_tokens,
+            rows_per_step=self.spec.rows_per_step,
+        )
+
+    def rank_costs(self) -> np.ndarray:
+        """[S, world_size] cost each rank runs at each step (a rank without rows: 0)."""
+        cum = np.concatenate([[0.0], np.cumsum(self.row_cost)])
+        return np.diff(cum[self.micro_rows], axis=1)
+
+    def with_world_size(self, world_size: int) -> PackedPlan:
+        """The same global steps split over another number of ranks (contract 8)."""
+        check_world_size(self.spec.rows_per_step, world_size)
+        return _replace(self, world_size=world_size)
+
+    def slice(self, from_step: int) -> PackedPlan:
+        """The plan from global step `from_step` (absolute) on: the tail used for resume."""
+        rel = from_step - self.first_step
+        if not 0 <= rel <= self.num_steps:
+            raise ValueError(
+                f"step {from_step} outside plan steps [{self.first_step}, "
+                f"{self.first_step + self.num_steps}]"
+            )
+        r0 = int(self.step_rows[rel])
+        s0 = int(self.row_offsets[r0])
+        return _replace(
+            self,
+            first_step=from_step,
+            step_rows=self.step_rows[rel:] - r0,
+            row_offsets=self.row_offsets[r0:] - s0,
+            row_bucket=self.row_bucket[r0:],
+            sample_ids=self.sample_ids[s0:],
+            lengths=self.lengths[s0:],
+        )
+
+    def summary(self) -> dict:
+        """Steps, rows, samples, fill and rank balance of the epoch (for epoch/* metrics)."""
+        costs = self.rank_costs()
+        paid = float(costs.max(axis=1).sum() * self.world_size) if costs.size else 0.0
+        useful = float(doc_cost(self.lengths, self.spec.attention_width).sum())
+        mean = costs.mean(axis=1) if costs.size else np.zeros(0)
+        return {
+            "steps": self.num_steps,
+            "rows": self.num_rows,
+            "samples": self.num_samples,
+            "tokens": int(self.lengths.sum()),
+            "row_fill": float(self.lengths.sum() / max(self.num_rows * self.spec.row_tokens, 1)),
+            "docs_per_row": self.num_samples / max(self.num_rows, 1),
+            "rank_max_over_mean": float(costs.max(axis=1).sum() / max(mean.sum(), 1e-12)),
+            "useful_over_paid": useful / paid if paid else 0.0,
+            "hash": self.content_hash,
+        }
+
+
+def _replace(p: PackedPlan, **changes) -> PackedPlan:
+    return PackedPlan(**{**{f: getattr(p, f) for f in p.__dataclass_fields__}, **changes})
+
+
+def _segment_sums(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    cum = np.concatenate([[0], np.cumsum(values)])
+    return np.diff(cum[offsets])
+
+
+def _ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    sizes = np.asarray(sizes, dtype=np.int64)
+    total = int(sizes.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    cum = np.cumsum(sizes) - sizes
+    return np.repeat(np.asarray(starts, dtype=np.int64) - cum, sizes) + np.arange(total)
+
+
+def _hash(spec: PackingSpec, *arrays) -> str:
+    h = hashlib.sha256(f"bucketray-packed-v{PACK_VERSION}".encode())
+    h.update(repr(spec).encode())
+    for a in arrays:
+        a = np.ascontiguousarray(a, dtype=np.int64)
+        h.update(str(a.shape).encode())
+        h.update(a.tobytes())
+    return h.hexdigest()[:16]
+
+
+def _pack_buckets(lengths, ids, bucket, K, spec, seed, epoch):
+    """Rows of every bucket, interleaved: (sample positions in row order, row sizes, row bucket)."""
+    order = np.lexsort((ids, bucket))  # canonical: by bucket, then id
+    counts = np.bincount(bucket, minlength=K)
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    floor = int(lengths.min()) if lengths.size else 1
+    members, sizes, row_bucket = [], [], []
+    for k in np.flatnonzero(counts):
+        pos = order[starts[k] : starts[k + 1]]
+        pos = pos[np.random.default_rng((seed, epoch, int(k))).permutation(pos.size)]
+        row_of, closed = best_fit_rows(lengths[pos], spec.row_tokens, spec.open_rows, floor)
+        place = np.empty(closed.size, dtype=np.int64)
+        place[closed] = np.arange(closed.size)
+        # Rows in closing order, each row's samples in arrival order.
+        members.append(pos[np.lexsort((np.arange(pos.size), place[row_of]))])
+        sizes.append(np.bincount(place[row_of], minlength=closed.size))
+        row_bucket.append(np.full(closed.size, k, dtype=np.int64))
+    if not members:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+    if len(members) == 1:
+        return members[0], sizes[0], row_bucket[0]
+    # Interleave the buckets' row streams: an epoch-seeded random order of all rows that keeps
+    # each bucket's rows in their closing order.
+    rb = np.concatenate(row_bucket)
+    seq = rb.copy()
+    np.random.default_rng((seed, epoch, ROW_STREAM)).shuffle(seq)
+    nb = np.bincount(rb, minlength=K)
+    occ = np.empty(seq.size, dtype=np.int64)
+    by = np.argsort(seq, kind="stable")
+    occ[by] = np.arange(seq.size) - np.repeat(np.cumsum(nb) - nb, nb)
+    row_index = (np.cumsum(nb) - nb)[seq] + occ  # which concatenated row goes at each place
+    all_sizes = np.concatenate(sizes)
+    all_starts = np.concatenate([[0], np.cumsum(all_sizes)[:-1]])
+    flat = np.concatenate(members)[_ranges(all_starts[row_index], all_sizes[row_index])]
+    return flat, all_sizes[row_index], rb[row_index]
+
+
+def _balanced_steps(cost: np.ndarray, spec: PackingSpec, seed: int, epoch: int):
+    """Row order (steps of rows_per_step rows, balanced within windows, steps shuffled) and the
+    number of rows of each step."""
+    R, nrows = spec.rows_per_step, cost.size
+    win = spec.window_steps * R
+    w = np.arange(nrows) // win
+    by_cost = np.lexsort((np.arange(nrows), -cost, w))  # each window heaviest first
+    pos_in_win = np.arange(nrows) - w[by_cost] * win
+    step = w[by_cost] * spec.window_steps + pos_in_win // R  # steps numbered in window order
+    num_steps = int(step[-1]) + 1 if nrows else 0
+    step_size = np.bincount(step, minlength=num_steps)
+    # Fold each step: heaviest, lightest, 2nd heaviest, 2nd lightest, ...
+    j = pos_in_win % R
+    n = step_size[step]
+    fold = np.where(j < (n + 1) // 2, 2 * j, 2 * (n - 1 - j) + 1)
+    in_step = by_cost[np.lexsort((fold, step))]
+    # Steps in an epoch-seeded random order; the costliest first if asked.
+    step_cost = np.bincount(step, weights=cost[by_cost], minlength=num_steps)
+    perm = np.random.default_rng((seed, epoch, STEP_STREAM)).permutation(num_steps)
+    if spec.longest_first and num_steps:
+        top = int(np.flatnonzero(perm == int(np.argmax(step_cost)))[0])
+        perm[[0, top]] = perm[[top, 0]]
+    starts = np.concatenate([[0], np.cumsum(step_size)[:-1]])
+    rows = in_step[_ranges(starts[perm], step_size[perm])]
+    return rows, step_size[perm]
+
+
+def pack_epoch(
+    lengths: np.ndarray,
+    edges,
+    *,
+    seed: int,
+    epoch: int,
+    world_size: int,
+    spec: PackingSpec,
+    sample_ids: np.ndarray | None = None,
+) -> PackedPlan:
+    """Plan one packed epoch (module docstring). `sample_ids` default to positions in `lengths`;
+    edges [0, top] give a full shuffle."""
+    check_world_size(spec.rows_per_step, world_size)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    ids = (
+        np.arange(lengths.size, dtype=np.int64)
+        if sample_ids is None
+        else np.asarray(sample_ids, dtype=np.int64)
+    )
+    if ids.shape != lengths.shape:
+        raise ValueError(f"sample_ids shape {ids.shape} != lengths shape {lengths.shape}")
+    edges = np.asarray(edges, dtype=np.int64)
+    if edges[-1] > spec.row_tokens:
+        raise ConfigError(
+            f"batching.row_tokens={spec.row_tokens} is below the top bucket edge {int(edges[-1])}: "
+            f"raise row_tokens to at least {int(edges[-1])} (samples are never split)"
+        )
+    K = edges.size - 1
+    flat, row_size, row_bucket = _pack_buckets(
+        lengths, ids, assign(lengths, edges), K, spec, seed, epoch
+    )
+    row_offsets = np.concatenate([[0], np.cumsum(row_size)]).astype(np.int64)
+    L = lengths[flat].astype(np.float64)
+    cost = spec.row_tokens + _segment_sums(L * L, row_offsets) / spec.attention_width
+    rows, step_size = _balanced_steps(cost, spec, seed, epoch)
+    sizes = row_size[rows]
+    flat = flat[_ranges(row_offsets[:-1][rows], sizes)]
+    row_offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    step_rows = np.concatenate([[0], np.cumsum(step_size)]).astype(np.int64)
+    sid = ids[flat]
+    return PackedPlan(
+        seed=seed,
+        epoch=epoch,
+        world_size=world_size,
+        spec=spec,
+        edges=edges,
+        first_step=0,
+        step_rows=step_rows,
+        row_offsets=row_offsets,
+        row_bucket=row_bucket[rows],
+        sample_ids=sid,
+        lengths=lengths[flat],
+        _hash=_hash(spec, edges, step_rows, row_offsets, sid),
+    )

@@ -1,0 +1,112 @@
+"""Per-document causal attention for packed rows, on every device, for built-in and HF models.
+
+A packed row's `attention_mask` holds each token's document number (1, 2, ...; 0 = padding;
+pipeline.core.packed_collate), and its `position_ids` restart with every document. A token
+attends to the earlier tokens of its own document only, so a packed row computes exactly what
+its documents would compute one by one (tested in tests/unit/test_packed_attention.py).
+
+Kernels, chosen per call:
+- CUDA, fp16/bf16, no attention dropout: `torch.nn.attention.varlen.varlen_attn` (flash
+  attention over the row's documents as variable-length sequences; cu_seqlens from the
+  document numbers). Work is the sum of the documents' causal squares, not the row's.
+- Otherwise (CPU, fp32, dropout): SDPA with a block-diagonal causal boolean mask [B, 1, T, T]:
+  exact everywhere, but it computes (and stores) the row's whole square, so it is the slow path.
+- Hugging Face models: per-document `position_ids` and the same block-diagonal mask as a 4D mask
+  (a 4D mask is used as given), boolean for SDPA, additive for eager attention. SDPA ignores a
+  restart of `position_ids`, so without the mask every document would attend to the ones before
+  it in its row. Flash-attention implementations get no mask and derive the documents from the
+  restarting `position_ids`, as Hugging Face's own flattening collator expects.
+The padding tail is one more "document" attending to itself: its outputs are finite and its
+labels are IGNORE_INDEX, so it never reaches the loss.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "block_causal_mask",
+    "cu_seqlens",
+    "document_attention",
+    "hf_packed_mask",
+    "is_packed",
+    "require_packed_support",
+    "varlen_usable",
+]
+
+
+def is_packed(attention_mask: torch.Tensor) -> bool:
+    """Whether a batch is packed: its mask holds document numbers, as int32
+    (`pipeline.core.packed_collate`), where a padded batch's holds 0/1 as int64. The dtype says
+    which without reading the values, so a GPU forward never waits on a device sync for it."""
+    return attention_mask.dtype == torch.int32
+
+
+def block_causal_mask(doc: torch.Tensor) -> torch.Tensor:
+    """[B, 1, T, T] bool: query i may see key j iff j <= i and both are in the same document."""
+    T = doc.shape[-1]
+    causal = torch.ones(T, T, dtype=torch.bool, device=doc.device).tril()
+    return ((doc[:, :, None] == doc[:, None, :]) & causal)[:, None]
+
+
+def cu_seqlens(doc: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(int32 boundaries of every document of the flattened [B * T] batch, padding tails
+    included, and the longest one's length): the varlen kernels' description of the rows."""
+    B, T = doc.shape
+    flat = doc.reshape(-1)
+    start = torch.ones_like(flat, dtype=torch.bool)
+    start[1:] = flat[1:] != flat[:-1]
+    start[::T] = True  # a row never continues the previous row's document
+    idx = torch.nonzero(start).flatten()
+    cu = torch.cat([idx, idx.new_tensor([B * T])]).to(torch.int32)
+    return cu, int((cu[1:] - cu[:-1]).max())
+
+
+def varlen_usable(q: torch.Tensor, dropout_p: float) -> bool:
+    """varlen_attn runs flash attention: CUDA, half precision, no attention dropout."""
+    return q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and dropout_p == 0.0
+
+
+def document_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc: torch.Tensor, dropout_p: float = 0.0
+) -> torch.Tensor:
+    """Causal attention within documents. q, k, v: [B, H, T, D]; doc: [B, T] document numbers.
+    Returns [B, H, T, D]."""
+    if varlen_usable(q, dropout_p):
+        from torch.nn.attention.varlen import varlen_attn
+
+        B, H, T, D = q.shape
+        cu, longest = cu_seqlens(doc)
+
+        def flat(x):
+            return x.transpose(1, 2).reshape(B * T, H, D)
+
+        out = varlen_attn(flat(q), flat(k), flat(v), cu, cu, longest, longest, window_size=(-1, 0))
+        return out.view(B, T, H, D).transpose(1, 2)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=block_causal_mask(doc), dropout_p=dropout_p
+    )
+
+
+def hf_packed_mask(doc: torch.Tensor, attn_implementation: str | None, dtype: torch.dtype):
+    """The 4D mask to hand a Hugging Face model for a packed batch (module docstring), or None
+    for flash-attention implementations, which take the documents from `position_ids`."""
+    if attn_implementation and "flash" in attn_implementation:
+        return None
+    allowed = block_causal_mask(doc)
+    if attn_implementation in (None, "sdpa", "flex_attention"):
+        return allowed
+    neg = torch.zeros(allowed.shape, dtype=dtype, device=doc.device)
+    return neg.masked_fill_(~allowed, torch.finfo(dtype).min)
+
+
+def require_packed_support(model) -> None:
+    """Refuse a model that would read a packed batch's document numbers as a padding mask."""
+    if not getattr(model, "supports_packed", False):
+        raise ValueError(
+            f"batching.mode=packed needs a model that attends within documents; "
+            f"{type(model).__name__} does not declare supports_packed = True: use tiny_decoder or "
+            "hf_causal_lm, or make your model honour document numbers in attention_mask "
+            "(pipeline/learn/packed_attention.py) and set supports_packed = True"
+        )

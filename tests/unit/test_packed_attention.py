@@ -1,0 +1,177 @@
+"""Packed rows compute what their documents compute alone: logits, loss and gradients, for the
+tiny decoder and a tiny Hugging Face Llama; the loss never predicts across a document boundary."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.core.collate import IGNORE_INDEX, collate
+from pipeline.core.config import ModelConfig
+from pipeline.core.packed_collate import collate_packed
+from pipeline.learn.loss import supervised_tokens, token_sums
+from pipeline.learn.model import build_model
+from pipeline.learn.packed_attention import (
+    block_causal_mask,
+    cu_seqlens,
+    is_packed,
+    require_packed_support,
+)
+
+VOCAB = 64
+DOC_LENS = [5, 9, 3, 7, 12, 4]
+ROWS = [0, 3, 5, 6]  # row 0: docs 0-2 (17 tokens), row 1: docs 3-4 (19), row 2: doc 5 (4)
+ROW_TOKENS = 20
+TINY = ModelConfig(vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, d_ff=64)
+TINY_LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+}
+
+
+def _docs(seed=0):
+    rng = np.random.default_rng(seed)
+    values = rng.integers(0, VOCAB, sum(DOC_LENS)).astype(np.int32)
+    offsets = np.concatenate([[0], np.cumsum(DOC_LENS)])
+    return values, offsets
+
+
+def _t(batch):
+    return {k: torch.as_tensor(v) for k, v in batch.items() if np.ndim(v) == 2}
+
+
+def _packed_batch():
+    values, offsets = _docs()
+    return _t(collate_packed(values, offsets, ROWS, row_tokens=ROW_TOKENS))
+
+
+def _one_doc_batches():
+    values, offsets = _docs()
+    return [
+        _t(collate(values[a:b], [0, b - a], upper=ROW_TOKENS, pad_to_multiple_of=1))
+        for a, b in zip(offsets[:-1], offsets[1:], strict=True)
+    ]
+
+
+def _packed_slices():
+    """(row, start, end) of each document in the packed batch."""
+    out = []
+    for r in range(len(ROWS) - 1):
+        pos = 0
+        for d in range(ROWS[r], ROWS[r + 1]):
+            out.append((r, pos, pos + DOC_LENS[d]))
+            pos += DOC_LENS[d]
+    return out
+
+
+def _tiny():
+    torch.manual_seed(0)
+    return build_model(TINY, max_positions=ROW_TOKENS).eval()
+
+
+def _llama(impl=None):
+    pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = build_model(
+        ModelConfig(name="hf_causal_lm", vocab_size=VOCAB, hf_config=TINY_LLAMA), ROW_TOKENS
+    ).eval()
+    if impl:
+        model.hf.set_attn_implementation(impl)
+    return model
+
+
+def _fwd(model, b):
+    return model(b["input_ids"], b["attention_mask"], b["position_ids"])
+
+
+def test_packed_collate_numbers_documents_restarts_positions_and_cuts_boundary_labels():
+    b = collate_packed(*_docs(), ROWS, row_tokens=ROW_TOKENS)
+    assert b["input_ids"].shape == (3, ROW_TOKENS)
+    assert b["attention_mask"][0].tolist() == [1] * 5 + [2] * 9 + [3] * 3 + [0] * 3
+    assert b["position_ids"][0].tolist() == [*range(5), *range(9), *range(3), 0, 0, 0]
+    assert b["attention_mask"][2].tolist() == [1] * 4 + [0] * 16
+    # Each document's first token has no label: the token before it (another document's last)
+    # is never asked to predict it. Every other real token is supervised; padding never is.
+    firsts = [0, 5, 14]
+    assert all(b["labels"][0, i] == IGNORE_INDEX for i in firsts)
+    assert (b["labels"][0, 17:] == IGNORE_INDEX).all()
+    assert supervised_tokens(torch.as_tensor(b["labels"])) == sum(DOC_LENS) - len(DOC_LENS)
+    values, _ = _docs()
+    assert np.array_equal(b["input_ids"][0, :17], values[:17])
+    assert int(b["num_real_tokens"]) == sum(DOC_LENS) and int(b["num_documents"]) == 6
+
+
+def test_packed_collate_keeps_a_loss_mask_and_refuses_an_overfull_row():
+    values, offsets = _docs()
+    mask = np.ones_like(values)
+    mask[5:8] = 0  # doc 1's first three tokens unsupervised
+    b = collate_packed(values, offsets, ROWS, row_tokens=ROW_TOKENS, loss_mask=mask)
+    assert (b["labels"][0, 5:8] == IGNORE_INDEX).all() and b["labels"][0, 8] == values[8]
+    with pytest.raises(ValueError, match="row_tokens=16"):
+        collate_packed(values, offsets, ROWS, row_tokens=16)
+
+
+def test_block_causal_mask_and_cu_seqlens_describe_the_documents():
+    doc = torch.tensor([[1, 1, 2, 2, 2, 0], [1, 1, 1, 1, 1, 1]], dtype=torch.int32)
+    m = block_causal_mask(doc)[0, 0]
+    assert m[3].tolist() == [False, False, True, True, False, False]
+    assert m[1].tolist() == [True, True, False, False, False, False]
+    cu, longest = cu_seqlens(doc)
+    assert cu.tolist() == [0, 2, 5, 6, 12] and longest == 6
+    assert is_packed(doc) and not is_packed(torch.ones(2, 6, dtype=torch.long))
+
+
+@pytest.mark.parametrize(
+    "build", [_tiny, _llama, lambda: _llama("eager")], ids=["tiny", "llama-sdpa", "llama-eager"]
+)
+def test_packed_logits_equal_each_document_alone(build):
+    model = build()
+    with torch.no_grad():
+        packed = _fwd(model, _packed_batch())
+        for (r, a, b), one in zip(_packed_slices(), _one_doc_batches(), strict=True):
+            alone = _fwd(model, one)[0, : b - a]
+            torch.testing.assert_close(packed[r, a:b], alone, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("build", [_tiny, _llama], ids=["tiny", "llama"])
+def test_packed_loss_and_gradients_equal_the_per_document_ones(build):
+    model = build()
+    b = _packed_batch()
+    loss, correct = token_sums(_fwd(model, b), b["labels"])
+    loss.backward()
+    packed_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    ref_loss, ref_correct = 0.0, 0
+    for one in _one_doc_batches():
+        l1, c1 = token_sums(_fwd(model, one), one["labels"])
+        l1.backward()
+        ref_loss, ref_correct = ref_loss + l1.detach(), ref_correct + int(c1)
+    torch.testing.assert_close(loss.detach(), ref_loss, rtol=1e-5, atol=1e-5)
+    assert int(correct) == ref_correct
+    for n, p in model.named_parameters():
+        if p.grad is not None:
+            torch.testing.assert_close(packed_grads[n], p.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_without_the_block_mask_sdpa_attends_across_documents():
+    """Why the mask is passed: restarting position_ids alone do not stop SDPA attention from
+    crossing into earlier documents of the row."""
+    model = _llama()
+    b = _packed_batch()
+    plain = (b["attention_mask"] > 0).long()  # a padding mask: the documents are not separated
+    with torch.no_grad():
+        leaky = model(b["input_ids"], plain, b["position_ids"])
+        doc1 = _fwd(model, _one_doc_batches()[1])[0]
+    assert not torch.allclose(leaky[0, 5:14], doc1, atol=1e-4)
+
+
+def test_a_model_that_does_not_declare_packed_support_is_refused():
+    require_packed_support(_tiny())
+    with pytest.raises(ValueError, match="supports_packed"):
+        require_packed_support(torch.nn.Linear(2, 2))
