@@ -23,6 +23,9 @@ def test_the_example_stays_short_and_defines_its_own_model():
     assert classes == ["GRULM"] and "pipeline.learn" not in src
 
 
+# A whole process with its own Ray instance (~35 s): make test-slow. The default suite keeps the
+# example's shape above and the own-loop API it uses (tests/ray/test_delivery_api.py).
+@pytest.mark.slow
 def test_own_loop_example_trains_on_bucketed_batches(tmp_path):
     cfg = {
         "data": {
