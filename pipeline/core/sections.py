@@ -37,7 +37,13 @@ __all__ = [
     "Batching",
     "BatchingConfig",
     "parse_edges",
+    "PATH",
 ]
+
+# Marks a field that names a file, directory or URI: the rules for locations
+# (pipeline.core.config.path_fields, and the refusal of relative paths inside a submitted job)
+# find them by this mark, not by a list kept elsewhere.
+PATH: dict[str, Any] = {"path": True}
 
 
 class ConfigError(ValueError):
@@ -65,6 +71,7 @@ class SyntheticConfig(_Section):
     seed: NonNegativeInt = Field(0, description="Generator seed: same seed, same corpus.")
     out_dir: str = Field(
         "data/synthetic",
+        json_schema_extra=PATH,
         description="Where the corpus is written on first use (relative paths: from the working dir).",
     )
 
@@ -78,6 +85,7 @@ class DataConfig(_Section):
 
     path: str | None = Field(
         None,
+        json_schema_extra=PATH,
         description=f"Source 1: {_PATH_HINT}. Give this or data.synthetic, never both.",
     )
     synthetic: SyntheticConfig | None = Field(
@@ -99,6 +107,7 @@ class DataConfig(_Section):
     )
     cache_dir: str | None = Field(
         None,
+        json_schema_extra=PATH,
         description="Where the length index is cached; null: beside the data (<path>/_bucketray_index).",
     )
     max_length: PositiveInt = Field(
@@ -115,7 +124,9 @@ class DataConfig(_Section):
         "`quarantine` writes them to a quarantine parquet and counts them.",
     )
     quarantine_path: str | None = Field(
-        None, description="Quarantine parquet path; null: <cache dir>/quarantine.parquet."
+        None,
+        json_schema_extra=PATH,
+        description="Quarantine parquet path; null: <cache dir>/quarantine.parquet.",
     )
     pad_id: NonNegativeInt = Field(0, description="Token id written into padding slots.")
     # Chapters (pipeline/core/chapters.py): 2**28 = chapters.DEFAULT_CHAPTER_TOKENS, chosen there.
@@ -144,6 +155,7 @@ class DataConfig(_Section):
     )
     row_cache_dir: str | None = Field(
         None,
+        json_schema_extra=PATH,
         description="Where the row cache is kept, a directory on the driver's node; null: `rows` "
         "in the index cache when that is local, else ~/.cache/bucketray/rows.",
     )
