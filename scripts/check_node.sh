@@ -40,7 +40,8 @@ if role == "info":
         ray_v = metadata.version("ray")
     except metadata.PackageNotFoundError:
         ray_v = "not installed"
-    print(f"python {platform.python_version()} | ray {ray_v} | torch {torch.__version__}")
+    libc = " ".join(platform.libc_ver())  # torch's manylinux_2_28 wheel needs glibc >= 2.28
+    print(f"python {platform.python_version()} | {libc} | ray {ray_v} | torch {torch.__version__}")
     print(f"torch built with CUDA {torch.version.cuda} | cuDNN {torch.backends.cudnn.version()}")
     try:
         drv = subprocess.run(
