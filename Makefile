@@ -31,7 +31,7 @@ bench: $(STAMP)
 	WANDB_MODE=disabled $(PY) -m jobs.benchmark --out BENCHMARKS.md --readme README.md
 	$(MAKE) bench-sizing
 
-## How far one feeder goes: 0.9M and 2M samples (minutes each), 9M with SIZING_9M=1 (~60 GB disk).
+## How far one feeder goes: 0.9M and 2M samples (minutes each), 9M with SIZING_9M=1 (43 GB of row cache plus the corpus).
 bench-sizing: $(STAMP)
 	WANDB_MODE=disabled $(PY) -m jobs.sizing $(if $(filter 1,$(SIZING_9M)),--with-9m,)
 

@@ -8,7 +8,7 @@ fills (cold) and again from the filled cache (warm), the row cache's size on dis
 step cold and warm, the feeder's peak RSS, the object store's peak and the preparation rate.
 Sizes run one at a time; results accumulate in --json (one entry per size, replaced when
 measured again) and the Markdown table of all of them is printed. The largest size is opt-in
-(--with-9m): its corpus and row cache need about 60 GB of disk.
+(--with-9m): its row cache alone takes 43 GB (4.02 B/token), beside the parquet corpus.
 
     python -m jobs.sizing                     # 902,087 and 2,000,000 samples
     python -m jobs.sizing --samples 902087    # one size
@@ -95,7 +95,11 @@ def render(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     p.add_argument("--samples", type=int, nargs="+", help=f"corpus sizes (default {DEFAULT_SIZES})")
-    p.add_argument("--with-9m", action="store_true", help=f"also {LARGEST:,} samples (~60 GB disk)")
+    p.add_argument(
+        "--with-9m",
+        action="store_true",
+        help=f"also {LARGEST:,} samples (43 GB of row cache plus the corpus)",
+    )
     p.add_argument("--json", default="benchmarks/sizing.json", help="results (default %(default)s)")
     p.add_argument("--work-dir", default="data/bench", help="corpora (default %(default)s)")
     p.add_argument("--keep-data", action="store_true", help="keep each corpus after its run")
@@ -111,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in sizes:
         data_dir = os.path.join(a.work_dir, f"sizing-{n}")
         print(f"[sizing] {n:,} samples ...", file=sys.stderr, flush=True)
-        t = time.perf_counter()
+        t, load0 = time.perf_counter(), os.getloadavg()[0]
         m = measure_first_steps(
             n, consumers=2, shards=32, chapters=1, repeats=2, resumes=0, vocab_size=32000,
             data_dir=data_dir,
@@ -120,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
             "wall_s": time.perf_counter() - t,
             "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "machine": f"{os.cpu_count()} cores, {platform.machine()}",
+            # A shared machine: other work running beside the measurement slows every figure.
+            "load_avg_1m_start_end": [load0, os.getloadavg()[0]],
         }
         results[str(n)] = row
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -77,3 +77,16 @@ def test_conversations_tokenized_with_a_mask_train_a_pretrained_llama(cluster, t
     # lr 1e-9: the trained weights are the pretrained ones, not a random init.
     for k, v in saved.items():
         torch.testing.assert_close(state[f"hf.{k}"], v, rtol=0, atol=1e-6)
+
+    # Exported with its tokenizer folder (chat template included) for from_pretrained.
+    from jobs.export_hf import main as export_main
+
+    out = tmp_path / "ft-model"
+    assert (
+        export_main(
+            ["--config", str(tmp_path / "ft.yaml"), "--tokenizer", folder, "--out", str(out)]
+        )
+        == 0
+    )
+    assert transformers.AutoTokenizer.from_pretrained(out).chat_template == tok.chat_template
+    assert transformers.AutoModelForCausalLM.from_pretrained(out).config.vocab_size == vocab
