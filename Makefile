@@ -3,7 +3,7 @@ PY      := .venv/bin/python
 STAMP   := .venv/.installed
 CONFIG  ?= configs/local.yaml
 
-.PHONY: setup demo test test-slow test-all bench lint report gpu-smoke clean
+.PHONY: setup demo test test-slow test-all bench bench-sizing lint report gpu-smoke clean
 
 setup: $(STAMP)
 
@@ -28,9 +28,15 @@ test-slow: $(STAMP)
 ## Everything: the default suite, then the slow one.
 test-all: test test-slow
 
-## Benchmarks: writes BENCHMARKS.md, benchmarks/results.json, plots and the README headline.
+## Benchmarks: writes BENCHMARKS.md, benchmarks/results.json, plots and the README headline,
+## then the feeder's sizing (benchmarks/sizing.json; SIZING_9M=1 adds the 9M-sample corpus).
 bench: $(STAMP)
 	WANDB_MODE=disabled $(PY) -m jobs.benchmark --out BENCHMARKS.md --readme README.md
+	$(MAKE) bench-sizing
+
+## How far one feeder goes: 0.9M and 2M samples (minutes each), 9M with SIZING_9M=1 (43 GB of row cache plus the corpus).
+bench-sizing: $(STAMP)
+	WANDB_MODE=disabled $(PY) -m jobs.sizing $(if $(filter 1,$(SIZING_9M)),--with-9m,)
 
 ## Bucket report on the seed-calibrated 902,087-sample preset.
 report: $(STAMP)

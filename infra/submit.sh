@@ -13,6 +13,12 @@
 #   RUN_NAME             used only to derive SUBMISSION_ID; default: --set checkpoint.run_name=...,
 #                        else checkpoint.run_name in CONFIG, else the config's file name
 #   ENTRYPOINT_NUM_CPUS  CPUs reserved for the driver (default 1)
+#   ENTRYPOINT_RESOURCES custom resources for the driver as JSON, e.g. '{"bucketray_data": 1}' to put
+#                        it (and the feeder and row cache, which follow it) on the data node the
+#                        infra/ clusters mark with that resource; default: none (any node)
+#   STOP_WAIT_S          RAY_JOB_STOP_WAIT_TIME_S of the job (default 600): how long `ray job stop`
+#                        waits after SIGTERM before SIGKILL, i.e. the time the graceful stop has to
+#                        finish its step and write its checkpoint (docs/cluster.md, Stopping a run)
 #   ENTRYPOINT           command before the config arguments (default "python -m jobs.train");
 #                        split on whitespace, no shell quoting
 #   NO_WAIT=1            return after submission instead of tailing the logs
@@ -61,7 +67,10 @@ export RAY_AUTH_MODE=token
 
 # Excludes are gitignore patterns relative to the working dir ("/x/" = only the top-level x).
 # Ray also skips what .gitignore lists; these are named so the upload stays small either way.
-runtime_env='{"excludes": ["/data/", "/runs/", "/wandb/", "/.venv/", "/.git/", "/out/", "__pycache__/", "*.pyc"]}'
+stop_wait=${STOP_WAIT_S:-600}
+[[ $stop_wait =~ ^[0-9]+$ ]] || die "STOP_WAIT_S must be a whole number of seconds, got '$stop_wait'"
+runtime_env='{"excludes": ["/data/", "/runs/", "/wandb/", "/.venv/", "/.git/", "/out/", "__pycache__/", "*.pyc"], '
+runtime_env+="\"env_vars\": {\"RAY_JOB_STOP_WAIT_TIME_S\": \"$stop_wait\"}}"
 
 read -r -a entrypoint <<<"${ENTRYPOINT:-python -m jobs.train}"
 ((${#entrypoint[@]} > 0)) || die "ENTRYPOINT is empty"
@@ -75,6 +84,7 @@ cmd=(
     --entrypoint-num-cpus "${ENTRYPOINT_NUM_CPUS:-1}"
     --metadata-json "{\"run_name\": \"$run_name\", \"config\": \"${config//[\"\\]/_}\"}"
 )
+[[ -n ${ENTRYPOINT_RESOURCES:-} ]] && cmd+=(--entrypoint-resources "$ENTRYPOINT_RESOURCES")
 [[ ${NO_WAIT:-0} == 1 ]] && cmd+=(--no-wait)
 cmd+=(-- "${entrypoint[@]}" --config "$config" "$@")
 

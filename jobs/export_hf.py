@@ -31,11 +31,21 @@ def export(cfg, checkpoint: Path, out: Path, tokenizer: str | None = None) -> Pa
 
     if cfg.model.name != HF_CAUSAL_LM:
         raise ConfigError(f"model.name={cfg.model.name!r}: only hf_causal_lm runs export")
-    limit = hf_config_dict(cfg.model.hf_config).get("max_position_embeddings", 1)
+    if cfg.model.hf_pretrained is not None:
+        from pipeline.learn.pretrained import check_pretrained
+
+        conf = check_pretrained(cfg.model, max_positions=1)
+    else:
+        conf = hf_config_dict(cfg.model.hf_config)
+    limit = conf.get("max_position_embeddings", 1)
     model = build_model(cfg.model, max_positions=limit)
     model.load_state_dict(load_checkpoint(checkpoint).model)
     model.hf.save_pretrained(out)
-    if tokenizer is not None:
+    if tokenizer is not None and Path(tokenizer).is_dir():  # a save_pretrained folder
+        from transformers import AutoTokenizer
+
+        AutoTokenizer.from_pretrained(tokenizer, local_files_only=True).save_pretrained(out)
+    elif tokenizer is not None:
         from transformers import PreTrainedTokenizerFast
 
         PreTrainedTokenizerFast(tokenizer_file=str(tokenizer)).save_pretrained(out)
@@ -49,7 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", required=True, help="the run's YAML config")
     add_overrides(ap)
     ap.add_argument("--checkpoint", help="checkpoint directory (default: the run's latest)")
-    ap.add_argument("--tokenizer", help="tokenizer.json to save beside the model")
+    ap.add_argument(
+        "--tokenizer", help="tokenizer.json, or a tokenizer folder, to save beside the model"
+    )
     ap.add_argument("--out", required=True, help="output directory")
     a = ap.parse_args(argv)
     try:

@@ -1,6 +1,7 @@
 """Tokenize your own text into bucketray's parquet shards with a local tokenizer.json.
 
     python -m jobs.tokenize --input DIR_OR_URI --tokenizer tokenizer.json --out DIR
+    python -m jobs.tokenize --input DIR --tokenizer TOKENIZER_DIR --messages-column messages --out DIR
 
 Reads .jsonl/.json/.parquet/.txt files (the text field: --text-column), writes shard-*.parquet
 (sample_id, input_ids) under --out, prints a summary (samples, tokens, length percentiles,
@@ -20,7 +21,12 @@ from pipeline.data.tokenize import TokenizeError, tokenize_dataset
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="python -m jobs.tokenize", description=__doc__.split("\n")[0])
     p.add_argument("--input", required=True, help="directory, file or URI (s3://...) of text files")
-    p.add_argument("--tokenizer", required=True, help="local tokenizer.json (Hugging Face format)")
+    p.add_argument(
+        "--tokenizer",
+        required=True,
+        help="local tokenizer.json (Hugging Face format), or the folder AutoTokenizer."
+        "save_pretrained writes (tokenizer.json, tokenizer_config.json, chat template)",
+    )
     p.add_argument("--out", required=True, help="output directory or URI (empty, or ours)")
     p.add_argument(
         "--text-column", default="text", help="JSON field / parquet column with the text"
@@ -29,6 +35,12 @@ def main(argv: list[str] | None = None) -> dict:
         "--no-special-tokens",
         action="store_true",
         help="do not add the tokenizer's special tokens (BOS/EOS from its post-processor)",
+    )
+    p.add_argument(
+        "--messages-column",
+        help="conversation data: the field / column holding a list of {role, content} messages, "
+        "rendered by the tokenizer folder's chat template; shards get a loss_mask that is 1 on "
+        "the assistant's turns only",
     )
     p.add_argument("--png", help="write the length histogram to this PNG")
     a = p.parse_args(argv)
@@ -49,6 +61,7 @@ def main(argv: list[str] | None = None) -> dict:
             text_column=a.text_column,
             add_special_tokens=not a.no_special_tokens,
             png=a.png,
+            messages_column=a.messages_column,
         )
     except TokenizeError as e:
         p.exit(2, f"tokenize: {e}\n")

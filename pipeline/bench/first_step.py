@@ -182,6 +182,7 @@ def measure_first_steps(
     chapters: int = 2,
     resume_steps: int = 8,
     repeats: int = 3,
+    resumes: int | None = None,
     vocab_size: int = 512,
     token_budget: int = 65_536,
     data: dict | None = None,
@@ -193,7 +194,8 @@ def measure_first_steps(
     Times to the first step are noisy on a shared machine: the cold start and the restart
     each run `repeats` times (the extra cold starts stop after `resume_steps` steps, except
     the row cache's `warm` run), and `first_step_cold_s` / `first_step_resume_s` hold every
-    time measured, in run order; the "cold" and "resume" dicts are the first run of each."""
+    time measured, in run order; the "cold" and "resume" dicts are the first run of each.
+    `resumes`: how many restarts to time (default `repeats`; 0: none, "resume" is then None)."""
     import ray
 
     if not ray.is_initialized():
@@ -213,8 +215,12 @@ def measure_first_steps(
         t = time.perf_counter()
         index = build_length_index(cfg)
         index_s = time.perf_counter() - t
+        t = time.perf_counter()
         edges = resolve_edges(cfg, index.lengths)
+        edges_s = time.perf_counter() - t
+        t = time.perf_counter()
         plan = epoch_plan_for(cfg, index, edges, 0, consumers)
+        plan_s = time.perf_counter() - t
         d = cfg.data
         b = plan_chapter_bounds(plan, max_steps=d.chapter_steps, max_tokens=d.chapter_tokens)
         c = min(chapters, b.size - 1)
@@ -231,11 +237,11 @@ def measure_first_steps(
         # a restart inside the chapter after the cold run's last: half-way through it
         k = min(c, b.size - 2)
         mid = int(b[k] + b[k + 1]) // 2
-        resumes = [
+        restarts = [
             _run(cfg, index, edges, data_dir, mid, mid + resume_steps, consumers)
-            for _ in range(repeats)
+            for _ in range(repeats if resumes is None else resumes)
         ]
-        resume = resumes[0]
+        resume = restarts[0] if restarts else None
         reads = read_amplification(cfg, index, edges, consumers)
         rows = RowCache.for_run(cfg, index)
         row_cache_bytes = (
@@ -252,6 +258,8 @@ def measure_first_steps(
         "chapters": int(b.size - 1),
         "chapters_run": c,
         "index_build_s": index_s,
+        "edges_s": edges_s,
+        "plan_s": plan_s,
         "cold": cold,
         "warm": warm,
         "resume": resume,
@@ -259,6 +267,6 @@ def measure_first_steps(
         "row_groups": int(sum(len(r) for r in index.row_groups)),
         "row_cache_bytes": row_cache_bytes,
         "first_step_cold_s": [r["first_step_s"] for r in colds],
-        "first_step_resume_s": [r["first_step_s"] for r in resumes],
+        "first_step_resume_s": [r["first_step_s"] for r in restarts],
         "reads": reads,
     }

@@ -19,6 +19,7 @@ from pydantic import (
 
 from pipeline.core import overrides as _overrides
 from pipeline.core.sections import (
+    PATH,
     Batching,
     BatchingConfig,
     Buckets,
@@ -51,6 +52,7 @@ __all__ = [
     "OptimisedBuckets",
     "load_config",
     "apply_overrides",
+    "path_fields",
     "parse_edges",
 ]
 
@@ -93,8 +95,21 @@ class ModelConfig(_Section):
     )
     hf_config: str | dict[str, Any] | None = Field(
         None,
+        json_schema_extra=PATH,
         description="For hf_causal_lm: a local config.json (or its directory) or an inline dict "
         "with model_type; vocab_size defaults to model.vocab_size. Never downloaded.",
+    )
+    hf_pretrained: str | None = Field(
+        None,
+        json_schema_extra=PATH,
+        description="For hf_causal_lm: a directory written by `save_pretrained` (config.json and "
+        "*.safetensors), local or s3://...; the model starts from its weights instead of a random "
+        "init (model.hf_config is then not used). Only safetensors are loaded, never pickles.",
+    )
+    hf_trust_remote_code: bool = Field(
+        False,
+        description="For hf_pretrained: allow the directory's own Python code (auto_map) to run. "
+        "Off: only model classes shipped with transformers are built.",
     )
     options: dict[str, Any] = Field(
         default_factory=dict,
@@ -116,10 +131,20 @@ class ModelConfig(_Section):
                 f"model.n_heads={self.n_heads} must divide model.d_model={self.d_model}: "
                 "pick n_heads from the divisors of d_model"
             )
-        if self.name == "hf_causal_lm" and self.hf_config is None:
+        if self.name == "hf_causal_lm" and self.hf_config is None and self.hf_pretrained is None:
             raise ValueError(
-                "model.name=hf_causal_lm needs model.hf_config: a local config.json path or an "
-                "inline dict with model_type"
+                "model.name=hf_causal_lm needs model.hf_config (a local config.json path or an "
+                "inline dict with model_type) or model.hf_pretrained (a save_pretrained directory)"
+            )
+        if self.hf_pretrained is not None and self.hf_config is not None:
+            raise ValueError(
+                "model.hf_config has no effect with model.hf_pretrained (its config.json is used): "
+                "remove model.hf_config"
+            )
+        if self.hf_pretrained is not None and self.name != "hf_causal_lm":
+            raise ValueError(
+                f"model.hf_pretrained has no effect with model.name={self.name!r}: set "
+                "model.name=hf_causal_lm, or remove model.hf_pretrained"
             )
         if ":" in self.name and not all(self.name.partition(":")[::2]):
             raise ValueError(f"model.name={self.name!r}: expected 'package.module:factory'")
@@ -167,13 +192,21 @@ class TrainConfig(_Section):
         description="Optimizer steps in a row with a NaN/inf loss or gradient norm that are skipped "
         "(no update) before the run stops with NonFiniteLossError; 0: stop at the first.",
     )
+    find_unused_parameters: bool = Field(
+        False,
+        description="DDP's find_unused_parameters: true for a model with parameters that get no "
+        "gradient in some steps (extra traversal each step); false is faster, and a model that "
+        "needs true stops at its second step with an error naming this field.",
+    )
     metrics_file: str | None = Field(
         None,
+        json_schema_extra=PATH,
         description="Rank 0 also appends every logged metric as one JSON line to this file, on its "
         "node's local disk (null: W&B only).",
     )
     record_sample_ids: str | None = Field(
         None,
+        json_schema_extra=PATH,
         description="Directory where every rank appends the sample ids of each micro-batch it trains "
         "(rank<r>.jsonl, on its node's local disk), to check determinism and exact resume; null: off.",
     )
@@ -204,7 +237,9 @@ class WandbConfig(_Section):
     project: str = Field("bucketray", description="W&B project.")
     entity: str | None = Field(None, description="W&B entity (team); null: the key's default.")
     dir: str | None = Field(
-        None, description="Where W&B writes its run folder; null: the run's storage dir."
+        None,
+        json_schema_extra=PATH,
+        description="Where W&B writes its run folder; null: the run's storage dir.",
     )
     tags: list[str] = Field(default_factory=list, description="W&B tags.")
     init_timeout_s: PositiveFloat = Field(
@@ -265,6 +300,7 @@ class ScalingConfig(_Section):
 class CheckpointConfig(_Section):
     storage_path: str = Field(
         "runs",
+        json_schema_extra=PATH,
         description="Ray Train storage path (local dir or s3://...); checkpoints live under it.",
     )
     run_name: str = Field(
@@ -421,3 +457,17 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         raw = loaded
     raw = apply_overrides(raw, overrides or [])
     return validate(raw)
+
+
+def path_fields(cfg: _Section, prefix: str = "") -> list[tuple[str, str]]:
+    """(dotted key, value) of every set field marked PATH, at any depth: the one list of the
+    locations a run names (an inline value, e.g. an hf_config dict, is not a location)."""
+    found: list[tuple[str, str]] = []
+    for name, info in type(cfg).model_fields.items():
+        value = getattr(cfg, name)
+        key = f"{prefix}{name}"
+        if isinstance(value, _Section):
+            found += path_fields(value, key + ".")
+        elif isinstance(value, str) and (info.json_schema_extra or {}).get("path"):
+            found.append((key, value))
+    return found

@@ -37,7 +37,13 @@ __all__ = [
     "Batching",
     "BatchingConfig",
     "parse_edges",
+    "PATH",
 ]
+
+# Marks a field that names a file, directory or URI: the rules for locations
+# (pipeline.core.config.path_fields, and the refusal of relative paths inside a submitted job)
+# find them by this mark, not by a list kept elsewhere.
+PATH: dict[str, Any] = {"path": True}
 
 
 class ConfigError(ValueError):
@@ -71,6 +77,7 @@ class SyntheticConfig(_Section):
     )
     out_dir: str = Field(
         "data/synthetic",
+        json_schema_extra=PATH,
         description="Where the corpus is written on first use (relative paths: from the working dir).",
     )
 
@@ -84,6 +91,7 @@ class DataConfig(_Section):
 
     path: str | None = Field(
         None,
+        json_schema_extra=PATH,
         description=f"Source 1: {_PATH_HINT}. Give this or data.synthetic, never both.",
     )
     synthetic: SyntheticConfig | None = Field(
@@ -105,6 +113,7 @@ class DataConfig(_Section):
     )
     cache_dir: str | None = Field(
         None,
+        json_schema_extra=PATH,
         description="Where the length index is cached; null: beside the data (<path>/_bucketray_index).",
     )
     max_length: PositiveInt = Field(
@@ -121,7 +130,9 @@ class DataConfig(_Section):
         "`quarantine` writes them to a quarantine parquet and counts them.",
     )
     quarantine_path: str | None = Field(
-        None, description="Quarantine parquet path; null: <cache dir>/quarantine.parquet."
+        None,
+        json_schema_extra=PATH,
+        description="Quarantine parquet path; null: <cache dir>/quarantine.parquet.",
     )
     pad_id: NonNegativeInt = Field(0, description="Token id written into padding slots.")
     # Chapters (pipeline/core/chapters.py): 2**28 = chapters.DEFAULT_CHAPTER_TOKENS, chosen there.
@@ -150,6 +161,7 @@ class DataConfig(_Section):
     )
     row_cache_dir: str | None = Field(
         None,
+        json_schema_extra=PATH,
         description="Where the row cache is kept, a directory on the driver's node, refused at "
         "start when it cannot be created or written; null: `rows` in the index cache when that "
         "is local and writable (else ~/.cache/bucketray/rows, with a warning).",

@@ -41,7 +41,9 @@ __all__ = [
     "MARKER",
     "SUFFIXES",
     "TokenizeError",
+    "conversation_ids_and_mask",
     "list_inputs",
+    "resolve_tokenizer",
     "skipped_inputs",
     "tokenize_dataset",
 ]
@@ -164,7 +166,7 @@ class TokenizeFiles:
     def __init__(self, tokenizer: str, src: str, out: str, column: str, special: bool):
         from tokenizers import Tokenizer
 
-        self.tok = Tokenizer.from_file(tokenizer)
+        self.tok = Tokenizer.from_file(resolve_tokenizer(tokenizer)[0])
         self.src, self.out = src, out
         self.column, self.special = column, special
 
@@ -277,21 +279,34 @@ def tokenize_dataset(
     add_special_tokens: bool = True,
     png: str | None = None,
     progress: bool = True,
+    messages_column: str | None = None,
 ) -> dict:
-    """Tokenize every input file under `src` into shards under `out`; returns the summary."""
+    """Tokenize every input file under `src` into shards under `out`; returns the summary.
+    `messages_column`: the documents are conversations in that column, rendered by the
+    tokenizer folder's chat template, with a loss mask over the assistant's turns."""
     import ray
 
     t0 = time.perf_counter()
     try:
         from tokenizers import Tokenizer
 
-        vocab = Tokenizer.from_file(str(tokenizer)).get_vocab_size(with_added_tokens=True)
+        tj, folder = resolve_tokenizer(str(tokenizer))
+        vocab = Tokenizer.from_file(tj).get_vocab_size(with_added_tokens=True)
     except ImportError:
         raise TokenizeError(
             "jobs.tokenize needs `tokenizers`: pip install 'bucketray[hf]'"
         ) from None
+    except TokenizeError:
+        raise
     except Exception as e:
         raise TokenizeError(f"cannot load tokenizer {tokenizer}: {e}") from None
+    if messages_column is not None:
+        if folder is None:
+            raise TokenizeError(
+                f"--messages-column needs a tokenizer folder with a chat template, not the bare "
+                f"file {tokenizer}: pass the folder AutoTokenizer.save_pretrained wrote"
+            )
+        load_chat_tokenizer(folder)  # fails here, in one line, rather than in every actor
     # Absolute on the driver: the map actors may run in another working directory or node.
     src, out, tokenizer = (p if "://" in p else os.path.abspath(p) for p in (src, out, tokenizer))
     _refuse_out_inside_input(src, out)
@@ -304,12 +319,12 @@ def tokenize_dataset(
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
     ds = ray.data.from_items([{"ordinal": i, "rel": r} for i, r in enumerate(files)])
     ds = ds.map_batches(
-        TokenizeFiles,
+        TokenizeFiles if messages_column is None else TokenizeConversations,
         fn_constructor_kwargs=dict(
             tokenizer=str(tokenizer),
             src=src,
             out=out,
-            column=text_column,
+            column=text_column if messages_column is None else messages_column,
             special=add_special_tokens,
         ),
         batch_size=1,
@@ -363,3 +378,183 @@ def _histogram(lengths: np.ndarray, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# --------------------------------------------------------------------------- tokenizer folders
+# and conversations (chat template, loss mask over the assistant's turns)
+
+
+def resolve_tokenizer(path: str) -> tuple[str, str | None]:
+    """(tokenizer.json, its folder or None) for `--tokenizer`: a bare tokenizer.json, or a folder
+    as `AutoTokenizer.save_pretrained` writes it (tokenizer.json beside tokenizer_config.json and
+    the chat template). Only a folder can render conversations."""
+    p = os.path.expanduser(path)
+    if os.path.isdir(p):
+        tj = os.path.join(p, "tokenizer.json")
+        if not os.path.isfile(tj):
+            raise TokenizeError(
+                f"tokenizer folder {path} has no tokenizer.json: save it with a fast tokenizer "
+                "(AutoTokenizer.from_pretrained(...).save_pretrained(DIR))"
+            )
+        return tj, p
+    return p, None
+
+
+def load_chat_tokenizer(folder: str):
+    """The folder's `transformers` tokenizer, for its chat template only (no download, no
+    remote code)."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise TokenizeError(
+            "conversations need `transformers` for the chat template: pip install 'bucketray[hf]'"
+        ) from None
+    tok = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+    if not getattr(tok, "chat_template", None):
+        raise TokenizeError(
+            f"tokenizer folder {folder} has no chat template (tokenizer_config.json "
+            "chat_template or chat_template.jinja): conversations cannot be rendered"
+        )
+    return tok
+
+
+def _check_messages(v) -> str | None:
+    """Why `v` is not a conversation (a list of {role, content} with string values), or None."""
+    if not isinstance(v, list) or not v:
+        return f"not a non-empty list of messages ({type(v).__name__})"
+    for i, m in enumerate(v):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            return f"message {i} has no role"
+        if not isinstance(m.get("content"), str):
+            return f"message {i} content is not text"
+    if not any(m["role"] == "assistant" for m in v):
+        return "no assistant message: nothing to train on"
+    return None
+
+
+def conversation_ids_and_mask(chat, tok, messages: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids of `messages` rendered by the chat template, and a loss mask that is 1 exactly on
+    the tokens of the assistant's turns (their content and the template's end-of-turn text).
+
+    Each assistant turn i spans from the end of render(messages[:i], add_generation_prompt) to
+    the end of render(messages[:i+1]); both must be prefixes of the whole render, or the template
+    is one whose spans cannot be read this way (ValueError). A token is masked when its first
+    character falls in a span. `tok` is the `tokenizers.Tokenizer` (offsets), `chat` the
+    `transformers` tokenizer holding the template."""
+
+    def render(msgs, gen=False) -> str:
+        return chat.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
+
+    full = render(messages)
+    spans = []
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        start = render(messages[:i], gen=True) if i else ""
+        end = render(messages[: i + 1])
+        if not (full.startswith(start) and full.startswith(end) and len(start) <= len(end)):
+            raise ValueError("the chat template does not render turns as prefixes of the whole")
+        spans.append((len(start), len(end)))
+    # The template writes its special tokens (BOS, turn markers) as text: no second BOS.
+    enc = tok.encode(full, add_special_tokens=False)
+    ids = np.asarray(enc.ids, dtype=np.int32)
+    first = np.fromiter((o[0] for o in enc.offsets), dtype=np.int64, count=len(enc.offsets))
+    mask = np.zeros(ids.size, dtype=np.int8)
+    for s, e in spans:
+        mask[(first >= s) & (first < e)] = 1
+    return ids, mask
+
+
+def _conversations(data: bytes, rel: str, column: str) -> tuple[list[int], list, list[tuple]]:
+    """(rows, conversations, problems) of one .jsonl/.json/.parquet file; `column` holds a list
+    of {role, content} messages."""
+    if rel.endswith(".txt"):
+        return [], [], [(0, "undecodable", "a .txt file holds no messages")]
+    if rel.endswith(".parquet"):
+        t = pq.read_table(pa.BufferReader(data))
+        if column not in t.column_names:
+            raise TokenizeError(
+                f"{rel}: no column {column!r} (columns: {t.column_names}); set "
+                "--messages-column to the column holding the list of messages"
+            )
+        values = t[column].to_pylist()
+    else:
+        values = []
+        for line in data.split(b"\n"):
+            if not line.strip():
+                values.append(None)
+                continue
+            try:
+                obj = json.loads(line)
+                values.append(obj.get(column, KeyError) if isinstance(obj, dict) else obj)
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                values.append(e)
+        if values and values[-1] is None:
+            values.pop()  # the newline that ends the last line
+    rows, convs, problems = [], [], []
+    for row, v in enumerate(values):
+        if v is None:
+            problems.append((row, "empty", "blank line or null messages"))
+        elif v is KeyError:
+            problems.append((row, "undecodable", f"no field {column!r}"))
+        elif isinstance(v, Exception):
+            problems.append((row, "undecodable", f"{type(v).__name__}: {v}"))
+        elif (why := _check_messages(v)) is not None:
+            problems.append((row, "undecodable", why))
+        else:
+            rows.append(row)
+            convs.append(v)
+    return rows, convs, problems
+
+
+class TokenizeConversations(TokenizeFiles):
+    """Like TokenizeFiles, for conversation data: each document is a list of messages, rendered
+    by the folder's chat template; shards get a `loss_mask` (int8) beside `input_ids`."""
+
+    def __init__(self, tokenizer: str, src: str, out: str, column: str, special: bool):
+        tj, folder = resolve_tokenizer(tokenizer)
+        super().__init__(tj, src, out, column, special)
+        self.chat = load_chat_tokenizer(folder)
+
+    def _one(self, ordinal: int, rel: str) -> dict:
+        fs, src = filesystem_for(self.src)
+        path = src if fs.get_file_info(src).type == pafs.FileType.File else f"{src}/{rel}"
+        try:
+            with fs.open_input_file(path) as f:
+                rows, convs, problems = _conversations(f.read(), rel, self.column)
+        except TokenizeError as e:
+            return {"file": rel, "lengths": [], "empty": 0, "undecodable": 0, "error": str(e)}
+        kept_rows, ids, masks = [], [], []
+        for row, conv in zip(rows, convs, strict=True):
+            try:
+                i, m = conversation_ids_and_mask(self.chat, self.tok, conv)
+            except Exception as e:  # a template error on this conversation: counted, listed
+                problems.append((row, "undecodable", f"chat template: {e}"))
+                continue
+            if i.size == 0:
+                problems.append((row, "empty", "no tokens"))
+                continue
+            kept_rows.append(row)
+            ids.append(i)
+            masks.append(m)
+        lengths = np.fromiter((a.size for a in ids), dtype=np.int64, count=len(ids))
+        if ids:
+            offsets = np.concatenate([[0], np.cumsum(lengths)])
+            sids = np.array([stable_id(rel, r) for r in kept_rows], dtype=np.int64)
+            table = token_table(sids, np.concatenate(ids), offsets)
+            mask = pa.ListArray.from_arrays(
+                pa.array(offsets.astype(np.int32)), pa.array(np.concatenate(masks))
+            )
+            table = table.append_column("loss_mask", mask)
+            ofs, out = filesystem_for(self.out)
+            with ofs.open_output_stream(f"{out}/shard-{ordinal:05d}.parquet") as f:
+                pq.write_table(table, f, row_group_size=ROW_GROUP_ROWS)
+        problems.sort()
+        return {
+            "file": rel,
+            "lengths": lengths.tolist(),
+            "empty": sum(p[1] == "empty" for p in problems),
+            "undecodable": sum(p[1] == "undecodable" for p in problems),
+            "problems": json.dumps([[rel, *p] for p in problems[:MAX_EXAMPLES]]),
+            "error": "",
+        }

@@ -11,6 +11,10 @@
   `config = {**model.options, "vocab_size": model.vocab_size, "max_positions": N}` (N: the top
   bucket edge, the longest sequence it will see) and must return an `nn.Module`.
 
+With `model.hf_pretrained` (a `save_pretrained` directory, local or s3://), `hf_causal_lm` starts
+from those weights instead (pipeline/learn/pretrained.py: safetensors only, no remote code
+unless `model.hf_trust_remote_code`).
+
 THE FORWARD SIGNATURE (the one place it is defined). Every model is called as
 
     logits = model(input_ids, attention_mask, position_ids)
@@ -94,6 +98,10 @@ def hf_config_dict(spec: str | dict | None) -> dict:
 
 
 def _build_hf(cfg: ModelConfig, max_positions: int) -> nn.Module:
+    if cfg.hf_pretrained is not None:
+        from pipeline.learn.pretrained import load_pretrained
+
+        return HFCausalLM(load_pretrained(cfg, max_positions))
     try:
         from transformers import AutoConfig, AutoModelForCausalLM
     except ImportError:

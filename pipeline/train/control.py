@@ -10,6 +10,10 @@
   workers to stop gracefully (through the run's stop flag, `pipeline.train.stop`); a second signal aborts
   the run the way Ray Train does (no checkpoint) and ends the driver with a closing line; a
   third exits at once.
+The Ray internals this relies on (private, unversioned API of Ray Train V2) are used in this
+module only and listed in `RAY_PRIVATE_API`; `ray_private_api_problems()` checks them against the
+installed Ray, and tests/unit/test_ray_private_api.py fails with its message after a Ray upgrade
+that moved any of them.
 """
 
 from __future__ import annotations
@@ -22,8 +26,34 @@ from collections.abc import Callable, Iterator
 from pipeline.core.config import ConfigError
 from pipeline.train.runlock import make_stop_handler
 
-__all__ = ["FatalUserErrorsPolicy", "deterministic_cause", "is_deterministic"]
-__all__ += ["is_permanent_os_error", "trainer_class", "user_error"]
+__all__ = [
+    "RAY_PRIVATE_API",
+    "RAY_PRIVATE_API_CHECKED_WITH",
+    "FatalUserErrorsPolicy",
+    "deterministic_cause",
+    "is_deterministic",
+    "is_permanent_os_error",
+    "ray_private_api_problems",
+    "trainer_class",
+    "user_error",
+]
+
+# The Ray release these internals were read in and tested against.
+RAY_PRIVATE_API_CHECKED_WITH = "2.60.0"
+# What this module relies on beyond Ray's public API, and what breaks without it.
+RAY_PRIVATE_API = {
+    "ray.train.v2._internal.execution.failure_handling.DefaultFailurePolicy(failure_config)"
+    ".make_decision(training_failed_error)": "FatalUserErrorsPolicy subclasses it",
+    "ray.train.v2._internal.execution.failure_handling.FailureDecision.RAISE": "no retry of a "
+    "deterministic error",
+    "TorchTrainer._initialize_and_run_controller(**kw) receives failure_policy=": "installs "
+    "FatalUserErrorsPolicy",
+    "TorchTrainer._register_sigint_handler(controller)": "the graceful stop on SIGINT/SIGTERM",
+    "TrainController.abort()": "the second signal aborts the run",
+    "WorkerGroupError.worker_failures, UserExceptionWithTraceback._base_exc": "user_error finds "
+    "the worker's own exception",
+}
+
 
 # Storage errors a retry cannot fix: the same write or open fails the same way until a person
 # frees space, fixes permissions or restores the file. (Transient ones -- throttling, resets,
@@ -143,3 +173,62 @@ def trainer_class(request: Callable[[], object]):
             signal.signal(signal.SIGTERM, handler)
 
     return BucketrayTrainer
+
+
+def ray_private_api_problems() -> list[str]:
+    """What of RAY_PRIVATE_API the installed Ray no longer has (empty when all is there)."""
+    import inspect
+
+    import ray
+    from ray.train.torch import TorchTrainer
+
+    problems: list[str] = []
+
+    def need(ok: bool, what: str) -> None:
+        if not ok:
+            problems.append(what)
+
+    try:
+        from ray.train.v2._internal.execution.failure_handling import (
+            DefaultFailurePolicy,
+            FailureDecision,
+        )
+    except ImportError as e:
+        return [f"ray.train.v2._internal.execution.failure_handling: {e}"]
+    need(hasattr(FailureDecision, "RAISE"), "FailureDecision.RAISE")
+    params = list(inspect.signature(DefaultFailurePolicy.make_decision).parameters)
+    need(params == ["self", "training_failed_error"], f"DefaultFailurePolicy.make_decision{params}")
+    init = list(inspect.signature(DefaultFailurePolicy.__init__).parameters)
+    need(init == ["self", "failure_config"], f"DefaultFailurePolicy.__init__{init}")
+    run = getattr(TorchTrainer, "_initialize_and_run_controller", None)
+    need(run is not None, "TorchTrainer._initialize_and_run_controller")
+    fit_src = inspect.getsource(TorchTrainer.fit)
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+    fit_src += inspect.getsource(DataParallelTrainer)
+    need("failure_policy=" in fit_src, "_initialize_and_run_controller(failure_policy=...)")
+    handler = getattr(TorchTrainer, "_register_sigint_handler", None)
+    need(
+        handler is not None
+        and list(inspect.signature(handler).parameters) == ["self", "controller"],
+        "TorchTrainer._register_sigint_handler(self, controller)",
+    )
+    from ray.train.v2._internal.execution.controller import TrainController
+
+    need(callable(getattr(TrainController, "abort", None)), "TrainController.abort")
+    from ray.train.v2._internal.exceptions import UserExceptionWithTraceback
+    from ray.train.v2.api.exceptions import WorkerGroupError
+
+    need(
+        "worker_failures" in inspect.signature(WorkerGroupError.__init__).parameters,
+        "WorkerGroupError(worker_failures=...)",
+    )
+    need(
+        "_base_exc" in inspect.getsource(UserExceptionWithTraceback),
+        "UserExceptionWithTraceback._base_exc",
+    )
+    if problems and ray.__version__ != RAY_PRIVATE_API_CHECKED_WITH:
+        problems.append(
+            f"(checked with Ray {RAY_PRIVATE_API_CHECKED_WITH}, installed {ray.__version__})"
+        )
+    return problems

@@ -92,6 +92,15 @@ class TrainSummary:
         )
 
 
+def check_pretrained_model(cfg: RunConfig, max_positions: int) -> None:
+    """What the driver can check of the model before any worker starts: a pretrained directory's
+    files and limits (one ConfigError line instead of a failure in every worker)."""
+    if cfg.model.hf_pretrained is not None:
+        from pipeline.learn.pretrained import check_pretrained
+
+        check_pretrained(cfg.model, max_positions)
+
+
 def storage_path(cfg: RunConfig) -> str:
     """checkpoint.storage_path, made absolute when it is a local path (Ray Train needs that)."""
     p = cfg.checkpoint.storage_path
@@ -250,6 +259,7 @@ def _run_leased(
     path = resolve_data_path(cfg)
     index = build_length_index(cfg, path)
     edges = [int(e) for e in resolve_edges(cfg, index.lengths)]
+    check_pretrained_model(cfg, edges[-1])
     # Every epoch the run reaches is planned here: with greedy fill, steps per epoch vary
     # slightly between epochs, and the schedule, progress and resume use these planned counts.
     epochs, steps = _plan_epochs(cfg, index, edges)

@@ -1,7 +1,8 @@
 """Checks the driver makes before it starts anything expensive: pure functions, no Ray calls.
 
-- `check_stable_paths`: inside `ray job submit`, relative output paths would land in the job's
-  content-hashed working directory, so a resubmitted job would not find its run again.
+- `check_stable_paths`: inside `ray job submit`, a relative path (any config field marked as a
+  location, `pipeline.core.config.path_fields`) would resolve in the job's content-hashed working
+  directory: outputs a resubmitted job would not find again, inputs the upload left out.
 - `preflight`: the workers plus what Ray Data needs must fit in the cluster, else the run
   deadlocks (workers waiting for data that no CPU is left to read) or waits forever.
 - `check_before_start`: what the config alone decides, before Ray starts: the model can be built,
@@ -14,12 +15,11 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from pipeline.core.config import ConfigError, RunConfig
+from pipeline.core.config import ConfigError, RunConfig, path_fields
 
 __all__ = [
     "DATA_CPUS",
     "SUBMITTED_JOB_ENV",
-    "STABLE_PATH_KEYS",
     "check_before_start",
     "check_stable_paths",
     "in_submitted_job",
@@ -29,14 +29,6 @@ __all__ = [
 # The job supervisor sets this in the environment of a `ray job submit` entrypoint (RAY_JOB_ID
 # is one of the internal variables Ray strips from it).
 SUBMITTED_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
-# Config keys naming something a later run must find again (checkpoints, W&B run, records).
-STABLE_PATH_KEYS = (
-    "checkpoint.storage_path",
-    "wandb.dir",
-    "data.quarantine_path",
-    "train.metrics_file",
-    "train.record_sample_ids",
-)
 # CPUs left free for Ray Data: its read and map tasks ask one CPU each, and with none free the
 # workers wait for batches that are never read.
 DATA_CPUS = 1.0
@@ -66,26 +58,19 @@ def in_submitted_job(environ: Mapping[str, str] = os.environ) -> bool:
     return bool(environ.get(SUBMITTED_JOB_ENV))
 
 
-def _get(cfg: RunConfig, key: str):
-    obj = cfg
-    for part in key.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
 def check_stable_paths(cfg: RunConfig, environ: Mapping[str, str] = os.environ) -> None:
-    """Inside a submitted job, refuse a relative path in STABLE_PATH_KEYS (one line, naming
-    the key and the fix). Outside one, relative paths resolve against the current directory."""
+    """Inside a submitted job, refuse the first relative path among the config's locations
+    (every field marked PATH, `path_fields`: one line naming the key and the fix). Outside one,
+    relative paths resolve against the current directory."""
     if not in_submitted_job(environ):
         return
-    for key in STABLE_PATH_KEYS:
-        value = _get(cfg, key)
+    for key, value in path_fields(cfg):
         if value and "://" not in value and not os.path.isabs(os.path.expanduser(value)):
             raise ConfigError(
                 f"{key}={value!r} is relative: inside `ray job submit` it resolves in the "
-                "job's working directory, a new folder whenever a file changes, so a "
-                "resubmitted job would not find it; set an absolute path or a URI "
-                f"(--set {key}=/shared/... or s3://...)"
+                "job's working directory, a new folder whenever a file changes (and holding only "
+                "what was uploaded), so a resubmitted job would not find it; set an absolute "
+                f"path or a URI (--set {key}=/shared/... or s3://...)"
             )
 
 

@@ -45,7 +45,7 @@ from pipeline.train.history import StepHistory
 from pipeline.train.progress import SampleRecorder, Window, progress_line, step_metrics
 from pipeline.train.step import GroupStats, all_reduce, train_group
 
-__all__ = ["RunSpec", "Trainer", "seed_worker"]
+__all__ = ["RunSpec", "Trainer", "UnusedParametersError", "seed_worker"]
 
 SaveFn = Callable[[str, dict, str], None]  # (checkpoint directory, metrics, checkpoint name)
 BatchesFn = Callable[[int, int], Iterator]  # (epoch, start step) -> this rank's micro-batches
@@ -85,6 +85,24 @@ def _take(it: Iterator, n: int) -> tuple[list, float]:
 
 def _crossed(before: int, after: int, every: int | None) -> bool:
     return every is not None and after // every > before // every
+
+
+class UnusedParametersError(RuntimeError):
+    """DDP found parameters that got no gradient while train.find_unused_parameters is false.
+    Not retryable: every restart trains the same model the same way."""
+
+    retryable = False
+
+
+def unused_parameters_error(e: RuntimeError) -> RuntimeError:
+    """DDP's unused-parameter error as one line naming the config field; any other error as is."""
+    if "find_unused_parameters" not in str(e):
+        return e
+    return UnusedParametersError(
+        "the model has parameters that received no gradient in a step (DDP with "
+        "train.find_unused_parameters=false): set train.find_unused_parameters=true, or remove "
+        "the unused parameters from the model"
+    )
 
 
 class Trainer:
@@ -181,19 +199,29 @@ class Trainer:
         use_ddp = dist.is_available() and dist.is_initialized()
         cuda = self.spec.device.type == "cuda"
         self.ddp = (
-            DistributedDataParallel(self.model, device_ids=[self.spec.device] if cuda else None)
+            DistributedDataParallel(
+                self.model,
+                device_ids=[self.spec.device] if cuda else None,
+                find_unused_parameters=self.cfg.train.find_unused_parameters,
+            )
             if use_ddp
             else self.model
         )
         self.run_t0, self.run_steps0 = time.perf_counter(), self.steps_done
         self.last_step_end = self.run_t0
         status = "done"
-        for epoch in range(self.position.epoch, self.cfg.train.epochs):
-            if self.steps_done >= self.total_steps:
-                break
-            if not self.run_epoch(epoch, batches):
-                status = "stopped"
-                break
+        try:
+            for epoch in range(self.position.epoch, self.cfg.train.epochs):
+                if self.steps_done >= self.total_steps:
+                    break
+                if not self.run_epoch(epoch, batches):
+                    status = "stopped"
+                    break
+        except RuntimeError as e:
+            err = unused_parameters_error(e)
+            if err is e:
+                raise
+            raise err from e
         self.logger.finish()
         return status
 

@@ -196,6 +196,8 @@ def test_tiny_training_run_through_submit_succeeds(ray_head, tmp_path):
         "model.n_layers": "1",
         "model.n_heads": "2",
         "model.d_ff": "64",
+        # Every location absolute: inside a submitted job a relative one is refused.
+        "data.synthetic.out_dir": str(tmp_path / "data"),
         "checkpoint.storage_path": str(tmp_path / "runs"),
         "checkpoint.run_name": sid,
     }
@@ -217,6 +219,8 @@ def test_relative_storage_path_fails_the_job_with_one_line(ray_head):
     res = _submit(
         ray_head,
         "configs/local.yaml",
+        "--set",
+        "data.synthetic.out_dir=/tmp/bucketray-never-written",
         "--set",
         "checkpoint.storage_path=runs",
         "--set",

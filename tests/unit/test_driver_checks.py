@@ -62,7 +62,7 @@ def test_an_address_without_a_port_is_refused():
 
 
 def test_relative_storage_path_is_refused_inside_a_submitted_job():
-    cfg = _cfg("checkpoint.storage_path=runs")
+    cfg = _cfg("data.synthetic.out_dir=/tmp/x", "checkpoint.storage_path=runs")
     with pytest.raises(ConfigError) as e:
         check_stable_paths(cfg, {SUBMITTED_JOB_ENV: "{}"})
     msg = str(e.value)
@@ -70,18 +70,119 @@ def test_relative_storage_path_is_refused_inside_a_submitted_job():
     assert "checkpoint.storage_path='runs' is relative" in msg and "absolute path" in msg
 
 
+def _absolute(tmp_path, *overrides: str):
+    """configs/local.yaml with every location absolute, then `overrides`."""
+    return _cfg(
+        f"data.synthetic.out_dir={tmp_path / 'data'}",
+        f"checkpoint.storage_path={tmp_path / 'runs'}",
+        *overrides,
+    )
+
+
 def test_relative_paths_are_fine_outside_a_job_and_absolute_or_uri_inside(tmp_path):
     check_stable_paths(_cfg("checkpoint.storage_path=runs"), {})
     job = {SUBMITTED_JOB_ENV: "{}"}
-    check_stable_paths(_cfg(f"checkpoint.storage_path={tmp_path}"), job)
-    check_stable_paths(_cfg("checkpoint.storage_path=s3://bkt/runs"), job)
+    check_stable_paths(_absolute(tmp_path), job)
+    check_stable_paths(_absolute(tmp_path, "checkpoint.storage_path=s3://bkt/runs"), job)
+    check_stable_paths(_absolute(tmp_path, "data.row_cache_dir=~/rows"), job)
 
 
-@pytest.mark.parametrize("key", ["wandb.dir", "train.metrics_file", "data.quarantine_path"])
-def test_other_relative_outputs_are_refused_inside_a_job(key, tmp_path):
-    cfg = _cfg(f"checkpoint.storage_path={tmp_path}", f"{key}=out/x")
-    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+# Every location a config can name: the fields marked PATH. A new location field joins the
+# rule by its mark; this list says which ones exist, so one dropped by mistake shows here.
+LOCATIONS = {
+    "data.path": "shards",
+    "data.cache_dir": "idx",
+    "data.quarantine_path": "q.parquet",
+    "data.row_cache_dir": "rows",
+    "train.metrics_file": "m.jsonl",
+    "train.record_sample_ids": "ids",
+    "wandb.dir": "wandb",
+    "checkpoint.storage_path": "runs",
+    "model.hf_pretrained": "model",
+}
+
+
+def _every_location_set(tmp_path) -> list[str]:
+    """Overrides that set every location to an absolute path (data.path run first: it replaces
+    the synthetic section; the synthetic out_dir is checked on its own)."""
+    return [f"{k}={tmp_path / v}" for k, v in LOCATIONS.items()] + ["model.name=hf_causal_lm"]
+
+
+def test_path_fields_lists_every_location_the_config_can_name(tmp_path):
+    from pipeline.core.config import path_fields
+
+    cfg = _cfg(*_every_location_set(tmp_path))
+    assert {k for k, _ in path_fields(cfg)} == set(LOCATIONS)
+    assert [k for k, _ in path_fields(_cfg())] == [
+        "data.synthetic.out_dir",
+        "checkpoint.storage_path",
+    ]
+
+
+# Set on their own: the synthetic corpus excludes data.path, hf_config excludes hf_pretrained.
+ALONE = {
+    "data.synthetic.out_dir": ["checkpoint.storage_path={tmp}"],
+    "model.hf_config": ["data.synthetic.out_dir={tmp}", "checkpoint.storage_path={tmp}",
+                        "model.name=hf_causal_lm"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("key", [*LOCATIONS, *ALONE])
+def test_every_relative_location_is_refused_inside_a_job(key, tmp_path):
+    sets = (
+        [s.format(tmp=tmp_path) for s in ALONE[key]]
+        if key in ALONE
+        else _every_location_set(tmp_path)
+    )
+    cfg = _cfg(*sets, f"{key}=out/x")
+    with pytest.raises(ConfigError) as e:
         check_stable_paths(cfg, {SUBMITTED_JOB_ENV: "{}"})
+    assert str(e.value).startswith(f"{key}='out/x' is relative"), str(e.value)
+    check_stable_paths(cfg, {})  # outside a job: resolved against the current directory
+
+
+def test_every_field_that_describes_a_location_is_marked_as_one():
+    """A str field whose description speaks of a path, directory, file or URI must carry the PATH
+    mark, or the relative-path rule would silently skip it."""
+    import typing
+
+    from pydantic import BaseModel
+
+    from pipeline.core.config import RunConfig
+
+    words = ("path", "directory", " dir", "file", "uri", "folder")
+    # Fields that mention such words without naming a location.
+    not_locations = {"DataConfig.glob", "DataConfig.split", "CheckpointConfig.run_name",
+                     "ModelConfig.name", "SyntheticConfig.preset"}  # fmt: skip
+    seen, unmarked = set(), []
+
+    def models(tp) -> list[type[BaseModel]]:
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            return [tp]
+        return [m for a in typing.get_args(tp) for m in models(a)]
+
+    def walk(model: type[BaseModel]) -> None:
+        if model in seen:
+            return
+        seen.add(model)
+        for name, info in model.model_fields.items():
+            for sub in models(info.annotation):
+                walk(sub)
+            text = (info.description or "").lower()
+            is_str = str in typing.get_args(info.annotation) or info.annotation is str
+            marked = (info.json_schema_extra or {}).get("path")
+            where = f"{model.__name__}.{name}"
+            if (
+                is_str
+                and any(w in text for w in words)
+                and not marked
+                and where not in not_locations
+            ):
+                unmarked.append(where)
+
+    walk(RunConfig)
+    assert len(seen) > 8, seen  # the walk reached the sections, variants included
+    assert not unmarked, f"location fields without json_schema_extra=PATH: {unmarked}"
 
 
 # --------------------------------------------------------------------------- resources

@@ -4,6 +4,7 @@ cluster. The image and cluster launcher: test_infra_image.py; submit.sh: test_in
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import tomllib
@@ -395,3 +396,114 @@ def test_every_node_runs_the_one_project_image():
             "worker_setup_commands")  # fmt: skip
     commands = [c for k in keys for c in raw.get(k) or []]
     assert not [c for c in commands if "pip install" in c or "torch" in c], commands
+
+
+# ---------------------------------------------------------------- the 2 x 8 layout
+
+_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9}
+
+
+def _bytes(quantity) -> int:
+    """A Kubernetes quantity ("34Gi", "512Mi", "1000000") in bytes."""
+    m = re.fullmatch(r"(\d+)([KMGT]i|[kMGT])?", str(quantity))
+    assert m, f"not a byte quantity: {quantity!r}"
+    return int(m.group(1)) * _UNITS.get(m.group(2) or "", 1)
+
+
+def _groups(spec: dict) -> list[dict]:
+    return [spec["headGroupSpec"], *spec["workerGroupSpecs"]]
+
+
+def _volume(pod: dict, mount_path: str, container: dict) -> dict:
+    (name,) = [m["name"] for m in container.get("volumeMounts", []) if m["mountPath"] == mount_path]
+    (vol,) = [v for v in pod["volumes"] if v["name"] == name]
+    return vol
+
+
+def _stop_wait_s() -> int:
+    env = yaml.safe_load(_rayjob()["spec"]["runtimeEnvYAML"]).get("env_vars", {})
+    assert "RAY_JOB_STOP_WAIT_TIME_S" in env, "the RayJob keeps Ray's 3 s stop wait"
+    value = env["RAY_JOB_STOP_WAIT_TIME_S"]
+    assert isinstance(value, str) and value.isdigit(), value  # runtime-env values are strings
+    return int(value)
+
+
+def test_rayjob_gives_a_stop_the_time_of_a_graceful_checkpoint():
+    import inspect
+
+    from pipeline.train.stop import stop_poller
+
+    wait = _stop_wait_s()
+    poll = inspect.signature(stop_poller).parameters["poll_s"].default
+    # Rank 0 notices the stop within one poll, then the ranks finish their step and write one
+    # checkpoint to S3: minutes, not Ray's 3 s default (docs/cluster.md, "Stopping a run").
+    assert wait >= 60 * poll, (wait, poll)
+    # A deleted pod keeps its processes for its grace period: longer than the stop wait, or the
+    # pod dies before the checkpoint is written.
+    for g in _groups(_rayjob()["spec"]["rayClusterSpec"]):
+        assert g["template"]["spec"]["terminationGracePeriodSeconds"] > wait, g.get("groupName")
+
+
+def test_rayjob_is_two_nodes_of_eight_gpus_with_room_for_workers_and_data():
+    from pipeline.train.preflight import DATA_CPUS
+
+    spec = _rayjob()["spec"]["rayClusterSpec"]
+    (g,) = spec["workerGroupSpecs"]
+    cfg = _rayjob_run_config()
+    assert (g["replicas"], _gpus_per_pod(g), cfg.scaling.num_workers) == (2, 8, 16)
+    (c,) = g["template"]["spec"]["containers"]
+    limits, requests = c["resources"]["limits"], c["resources"]["requests"]
+    assert limits == requests, "guaranteed QoS: nothing of a training pod is overcommitted"
+    # Eight workers' CPUs plus more than the one Ray Data needs at least.
+    assert float(limits["cpu"]) >= 8 * cfg.scaling.cpus_per_worker + 2 * DATA_CPUS
+    # /dev/shm: memory-backed, holding the object store and NCCL's buffers, inside the pod's memory.
+    for group in _groups(spec):
+        pod = group["template"]["spec"]
+        (cont,) = pod["containers"]
+        shm = _volume(pod, "/dev/shm", cont)["emptyDir"]
+        assert shm["medium"] == "Memory", group.get("groupName")
+        store = int(group["rayStartParams"]["object-store-memory"])
+        assert _bytes(shm["sizeLimit"]) >= store + 2**30, group.get("groupName")
+        assert _bytes(shm["sizeLimit"]) < _bytes(cont["resources"]["limits"]["memory"])
+    assert _bytes(_volume(g["template"]["spec"], "/dev/shm", c)["emptyDir"]["sizeLimit"]) >= (
+        int(g["rayStartParams"]["object-store-memory"]) + 8 * 2**30
+    ), "room for NCCL beside the object store on a GPU node"
+
+
+def _custom_resources(group: dict) -> dict:
+    raw = group.get("rayStartParams", {}).get("resources")
+    return json.loads(json.loads(raw)) if raw else {}  # KubeRay wants a quoted JSON string
+
+
+def test_driver_feeder_and_row_cache_are_placed_on_the_data_node():
+    from pipeline.core.synthetic import seed902k_lengths
+    from pipeline.data.rowcache import MIN_FREE_BYTES
+
+    job = _rayjob()["spec"]
+    wanted = json.loads(job["entrypointResources"])
+    assert wanted, "the driver (and the feeder pinned to its node) would land anywhere"
+    holders = [
+        g for g in _groups(job["rayClusterSpec"]) if set(wanted) <= set(_custom_resources(g))
+    ]
+    assert holders == [job["rayClusterSpec"]["headGroupSpec"]], (
+        "exactly one node offers it: the head"
+    )
+    pod = holders[0]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert "nvidia.com/gpu" not in c["resources"]["limits"], "the data node holds no GPU"
+    # The row cache goes to a volume of its own on that node, sized from the corpus: 4 B per
+    # token, and the fill keeps max(2 GiB, 5%) of the disk free.
+    rows = _rayjob_run_config().data.row_cache_dir
+    assert rows and rows.startswith("/"), rows
+    vol = _volume(pod, rows, c)
+    size = _bytes(vol["emptyDir"]["sizeLimit"])
+    need = 4 * int(seed902k_lengths(902_087).sum())
+    assert size - need >= max(MIN_FREE_BYTES, size // 20), (size, need)
+    # The scheduler only places the pod where that disk is free when the pod asks for it.
+    assert _bytes(c["resources"]["requests"]["ephemeral-storage"]) > size
+    # The long-lived cluster and the launcher mark their head the same way (infra/submit.sh
+    # places the driver with ENTRYPOINT_RESOURCES).
+    assert set(wanted) <= set(_custom_resources(_raycluster()["spec"]["headGroupSpec"]))
+    launcher = yaml.safe_load((INFRA / "cluster.yaml").read_text())
+    head = launcher["available_node_types"][launcher["head_node_type"]]
+    assert set(wanted) <= set(head["resources"])

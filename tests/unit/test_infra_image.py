@@ -106,3 +106,15 @@ def test_image_installs_the_pinned_torch_in_its_own_layer():
 def test_dockerignore_keeps_local_state_out_of_the_image():
     lines = {ln.strip().rstrip("/") for ln in (ROOT / ".dockerignore").read_text().splitlines()}
     assert {".git", ".venv", "data", "runs", "wandb"} <= lines
+
+
+def test_image_has_the_hf_extra_and_the_node_check():
+    lines = _dockerfile()
+    install = [ln for ln in lines if ln.upper().startswith("RUN ") and "pyproject.toml" in ln]
+    # jobs.tokenize and model.name=hf_causal_lm import transformers and tokenizers.
+    assert install and "optional-dependencies']['hf']" in install[0], install
+    hf = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert {d.split("==")[0] for d in hf["hf"]} >= {"transformers", "tokenizers"}
+    # The node check ships in the image, at the path docs/cluster.md tells people to run.
+    assert any(ln.upper().startswith("COPY ") and "scripts/check_node.sh" in ln for ln in lines)
+    assert (ROOT / "scripts" / "check_node.sh").stat().st_mode & 0o111

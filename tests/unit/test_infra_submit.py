@@ -20,7 +20,15 @@ def _submit(*args: str, **env: str) -> subprocess.CompletedProcess:
     full_env = {
         k: v
         for k, v in os.environ.items()
-        if k not in ("SUBMISSION_ID", "RUN_NAME", "NO_WAIT", "ENTRYPOINT")
+        if k
+        not in (
+            "SUBMISSION_ID",
+            "RUN_NAME",
+            "NO_WAIT",
+            "ENTRYPOINT",
+            "STOP_WAIT_S",
+            "ENTRYPOINT_RESOURCES",
+        )
     }
     full_env.update(env)
     return subprocess.run(
@@ -90,3 +98,18 @@ def test_submit_refuses_to_run_without_a_token(tmp_path):
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed")
 def test_submit_script_is_shellcheck_clean():
     subprocess.run(["shellcheck", str(SUBMIT)], check=True)
+
+
+def test_submit_gives_the_job_a_stop_wait_and_can_place_the_driver():
+    def runtime_env(argv):
+        return json.loads(argv[argv.index("--runtime-env-json") + 1])
+
+    argv = _dry_run_argv(CONFIG)
+    # Ray's default is 3 s of grace after SIGTERM: far too short for a step plus a checkpoint.
+    assert int(runtime_env(argv)["env_vars"]["RAY_JOB_STOP_WAIT_TIME_S"]) >= 120
+    assert "--entrypoint-resources" not in argv  # any node, unless asked
+    argv = _dry_run_argv(CONFIG, STOP_WAIT_S="900", ENTRYPOINT_RESOURCES='{"bucketray_data": 1}')
+    assert runtime_env(argv)["env_vars"] == {"RAY_JOB_STOP_WAIT_TIME_S": "900"}
+    assert json.loads(argv[argv.index("--entrypoint-resources") + 1]) == {"bucketray_data": 1}
+    res = _submit(CONFIG, DRY_RUN="1", STOP_WAIT_S="10m")
+    assert res.returncode == 2 and "STOP_WAIT_S" in res.stderr

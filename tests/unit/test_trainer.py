@@ -219,3 +219,31 @@ def test_stop_request_on_one_rank_checkpoints_every_rank_at_the_same_step():
         # The stop checkpoint resumes at the next step.
         state = Saver(Path(d) / "ckpt").latest()
         assert (state.position.epoch, state.position.next_step) == (0, 3)
+
+
+def _unused_worker(rank: int, world: int, store: str, tmp: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    out = {}
+    for flag in (False, True):
+        cfg = config(Path(tmp) / str(flag), find_unused_parameters=flag)
+        cfg.model.name = "tests.unit.trainer_fixtures:model_with_an_unused_layer"
+        t = trainer(
+            Path(tmp) / str(flag), cfg, Saver(Path(tmp) / f"ckpt-{flag}"), rank=rank, world=world
+        )
+        try:
+            out[str(flag)] = [t.fit(batches_for(rank), ListLogger()), t.steps_done]
+        except RuntimeError as e:
+            out[str(flag)] = [type(e).__name__, str(e), getattr(e, "retryable", True)]
+    (Path(tmp) / f"rank{rank}.json").write_text(json.dumps(out))
+    dist.destroy_process_group()
+
+
+def test_a_model_with_unused_parameters_stops_naming_the_field_or_trains_with_it():
+    with tempfile.TemporaryDirectory() as d:
+        mp.spawn(_unused_worker, args=(2, os.path.join(d, "store"), d), nprocs=2, join=True)
+        for r in (0, 1):
+            out = json.loads((Path(d) / f"rank{r}.json").read_text())
+            name, msg, retryable = out["False"]
+            assert name == "UnusedParametersError" and retryable is False
+            assert "set train.find_unused_parameters=true" in msg and "\n" not in msg
+            assert out["True"] == ["done", 2 * STEPS]

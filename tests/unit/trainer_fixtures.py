@@ -101,3 +101,19 @@ def trainer(
     t = Trainer(cfg, spec(tmp, rank, world, planned), save=saver, **kw)
     t.resume(saver.latest(rank), saver.latest_history())
     return t
+
+
+def model_with_an_unused_layer(config: dict) -> torch.nn.Module:
+    """A `package.module:factory` model: an embedding and a head, plus a layer no step uses."""
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(config["vocab_size"], 8)
+            self.head = torch.nn.Linear(8, config["vocab_size"])
+            self.unused = torch.nn.Linear(8, 8)
+
+        def forward(self, input_ids, attention_mask, position_ids):
+            return self.head(self.embed(input_ids))
+
+    return Model()

@@ -1,0 +1,138 @@
+"""A pretrained Hugging Face causal LM to start from: `model.hf_pretrained`, a directory that
+`save_pretrained` wrote (config.json plus safetensors weights), local or on a bucket (s3://...).
+
+Loaded safely: weights from safetensors only (never a pickle: `.bin` / `.pt` files are refused,
+not read), no hub access (`local_files_only`), and no Python from the directory unless
+`model.hf_trust_remote_code` says so. `check_pretrained` runs on the driver before any worker
+starts, reading config.json and the file listing only; each worker then loads the weights
+itself (a bucket directory is copied once per node into a local cache first).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import pyarrow.fs as pafs
+
+from pipeline.core.config import ConfigError, ModelConfig
+
+__all__ = ["check_pretrained", "load_pretrained", "local_copy"]
+
+_KEY = "model.hf_pretrained"
+# Weight files a save_pretrained directory may hold that unpickle Python objects when loaded.
+_PICKLED = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def _fs(uri: str) -> tuple[pafs.FileSystem, str]:
+    if "://" in uri:
+        return pafs.FileSystem.from_uri(uri)
+    return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(uri))
+
+
+def _listing(uri: str) -> tuple[pafs.FileSystem, str, list[str]]:
+    fs, root = _fs(uri)
+    info = fs.get_file_info(root)
+    if info.type != pafs.FileType.Directory:
+        raise ConfigError(
+            f"{_KEY}={uri!r}: no such directory; give a folder written by save_pretrained "
+            "(config.json and *.safetensors), local or s3://..."
+        )
+    files = fs.get_file_info(pafs.FileSelector(root, recursive=False))
+    return fs, root, sorted(f.base_name for f in files if f.type == pafs.FileType.File)
+
+
+def check_pretrained(cfg: ModelConfig, max_positions: int) -> dict:
+    """The directory's config.json, after checking what a worker would otherwise fail on hours
+    later: safetensors present, remote code only when allowed, the vocabulary and the longest
+    bucket within the model's limits. Raises ConfigError, one line naming the key."""
+    uri = cfg.hf_pretrained
+    assert uri is not None
+    fs, root, names = _listing(uri)
+    if "config.json" not in names:
+        raise ConfigError(f"{_KEY}={uri!r} has no config.json: save the model with save_pretrained")
+    if not any(n.endswith(".safetensors") for n in names):
+        pickled = [n for n in names if n.endswith(_PICKLED)]
+        raise ConfigError(
+            f"{_KEY}={uri!r} has no *.safetensors weights"
+            + (
+                f" (only {', '.join(pickled)}, which are pickles and never loaded)"
+                if pickled
+                else ""
+            )
+            + ": save it again with save_pretrained(..., safe_serialization=True)"
+        )
+    with fs.open_input_stream(f"{root}/config.json") as f:
+        try:
+            conf = json.loads(f.read())
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{_KEY}: {uri}/config.json is not valid JSON ({e})") from None
+    if conf.get("auto_map") and not cfg.hf_trust_remote_code:
+        raise ConfigError(
+            f"{_KEY}={uri!r} needs its own Python code (config.json auto_map); read it, then set "
+            "model.hf_trust_remote_code=true to run it, or use a model class transformers ships"
+        )
+    vocab = conf.get("vocab_size")
+    if vocab is not None and vocab != cfg.vocab_size:
+        raise ConfigError(
+            f"{_KEY}: the model's vocab_size={vocab} differs from model.vocab_size="
+            f"{cfg.vocab_size}: set model.vocab_size={vocab} (the tokenizer's vocabulary)"
+        )
+    limit = conf.get("max_position_embeddings")
+    if limit is not None and limit < max_positions:
+        raise ConfigError(
+            f"{_KEY}: the model's max_position_embeddings={limit} is below the top bucket edge "
+            f"{max_positions}: lower data.max_length (or the bucket edges) to at most {limit}"
+        )
+    return conf
+
+
+def local_copy(uri: str, cache_root: str | None = None) -> Path:
+    """A local directory holding `uri`'s files: `uri` itself when local, else a copy under
+    `cache_root` (default ~/.cache/bucketray/pretrained) named by the URI, made once per node
+    (written under a temporary name and renamed, so a half copy is never used). Pickled weight
+    files are not copied."""
+    if "://" not in uri:
+        return Path(os.path.expanduser(uri))
+    root_dir = Path(cache_root or os.path.expanduser("~/.cache/bucketray/pretrained"))
+    dest = root_dir / hashlib.sha256(uri.encode()).hexdigest()[:16]
+    if dest.is_dir():
+        return dest
+    fs, root, names = _listing(uri)
+    tmp = root_dir / f".tmp-{uuid.uuid4().hex}"
+    tmp.mkdir(parents=True)
+    try:
+        for name in names:
+            if name.endswith(_PICKLED):
+                continue
+            with fs.open_input_stream(f"{root}/{name}") as src, open(tmp / name, "wb") as dst:
+                shutil.copyfileobj(src, dst, 16 * 2**20)
+        try:
+            tmp.rename(dest)
+        except OSError:  # another worker on this node finished first
+            shutil.rmtree(tmp, ignore_errors=True)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def load_pretrained(cfg: ModelConfig, max_positions: int):
+    """The `transformers` model in cfg.hf_pretrained, weights from safetensors only."""
+    try:
+        from transformers import AutoModelForCausalLM
+    except ImportError:
+        raise ImportError(
+            "model.hf_pretrained needs Hugging Face transformers: pip install 'bucketray[hf]'"
+        ) from None
+    check_pretrained(cfg, max_positions)
+    return AutoModelForCausalLM.from_pretrained(
+        str(local_copy(cfg.hf_pretrained)),
+        use_safetensors=True,
+        local_files_only=True,
+        trust_remote_code=cfg.hf_trust_remote_code,
+    )
