@@ -126,9 +126,17 @@ class RunLease:
         return None
 
     def _write(self) -> None:
-        lease = Lease(self.holder, self.host, self.pid, time.time())
+        data = Lease(self.holder, self.host, self.pid, time.time()).to_json().encode()
+        if isinstance(self.fs, pafs.LocalFileSystem):
+            # Written aside, then renamed over the lease: a reader sees the old lease or the new
+            # one, never a file caught mid-write. (An object store replaces an object whole.)
+            tmp = f"{self.path}.tmp-{self.pid}"
+            with self.fs.open_output_stream(tmp) as f:
+                f.write(data)
+            self.fs.move(tmp, self.path)
+            return
         with self.fs.open_output_stream(self.path) as f:
-            f.write(lease.to_json().encode())
+            f.write(data)
 
     def _refuse(self, why: str) -> RunInUseError:
         return RunInUseError(
