@@ -14,6 +14,10 @@ import pytest
 import ray
 import ray.data
 
+# The `ray start` head of the job-submission tests, shared by test_submit_script.py (where it is
+# defined) and test_job_submit.py.
+from tests.ray.test_submit_script import ray_head  # noqa: F401
+
 
 def start_local_ray(**kw) -> object:
     ctx = ray.init(address="local", num_cpus=2, include_dashboard=False, **kw)

@@ -4,10 +4,7 @@ second submission with the same run name resumes from the first one's checkpoint
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +15,8 @@ import pytest
 # module repeats it with the bare CLI and adds the resubmit-resumes case, so it runs in test-all.
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
+# The head is `ray_head` (tests/ray/conftest.py): token auth on, its own ports and temp dir, stopped
+# through its own process, never with `ray stop`, which ends every Ray instance on the machine.
 REPO = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).with_name("ray"))
 # Everything the job does not need stays out of the uploaded working dir.
@@ -34,14 +33,11 @@ EXCLUDES = [
 ]
 
 
-def _env() -> dict:
-    return {**os.environ, "RAY_AUTH_MODE": "token", "WANDB_MODE": "disabled", "RAY_ADDRESS": ""}
-
-
-def _ray(*args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
+def _ray(head: dict, *args: str, check: bool = True, timeout: float = 600):
+    """The `ray` CLI as a user runs it against the test's own head (its token, no RAY_ADDRESS)."""
     return subprocess.run(
         [RAY, *args],
-        env=_env(),
+        env={**head["env"], "RAY_ADDRESS": ""},
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -50,34 +46,7 @@ def _ray(*args: str, check: bool = True, timeout: float = 600) -> subprocess.Com
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def head():
-    if shutil.which(RAY) is None:
-        pytest.skip("ray CLI not found beside the interpreter")
-    # Own ports, so the test never submits to another Ray instance on this machine.
-    gcs, dashboard = _free_port(), _free_port()
-    _ray(
-        "start",
-        "--head",
-        f"--port={gcs}",
-        "--dashboard-host=127.0.0.1",
-        f"--dashboard-port={dashboard}",
-        "--num-cpus=2",
-        "--include-dashboard=true",
-    )
-    try:
-        yield f"http://127.0.0.1:{dashboard}"
-    finally:
-        _ray("stop", check=False)
-
-
-def _submit(address: str, tmp: Path, max_steps: int) -> subprocess.CompletedProcess:
+def _submit(head: dict, tmp: Path, max_steps: int) -> subprocess.CompletedProcess:
     overrides = [
         f"data.synthetic.out_dir={tmp / 'data'}",
         "data.synthetic.num_samples=300",
@@ -99,10 +68,11 @@ def _submit(address: str, tmp: Path, max_steps: int) -> subprocess.CompletedProc
         entry += ["--set", o]
     runtime_env = json.dumps({"working_dir": ".", "excludes": EXCLUDES})
     return _ray(
+        head,
         "job",
         "submit",
         "--address",
-        address,
+        head["address"],
         "--runtime-env-json",
         runtime_env,
         "--",
@@ -117,22 +87,22 @@ def _job_id(out: str) -> str:
     return m.group(1)
 
 
-def test_submitted_job_trains_and_succeeds(head, tmp_path_factory):
+def test_submitted_job_trains_and_succeeds(ray_head, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("job")
-    proc = _submit(head, tmp, max_steps=10)
+    proc = _submit(ray_head, tmp, max_steps=10)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
-    status = _ray("job", "status", "--address", head, _job_id(out)).stdout
+    status = _ray(ray_head, "job", "status", "--address", ray_head["address"], _job_id(out)).stdout
     assert f"Job '{_job_id(out)}' succeeded" in re.sub(r"\x1b\[[0-9;]*m", "", status), status
     assert "[bucketray] done: trained 10 global steps" in out, out[-4000:]
     assert list((tmp / "runs" / "submitted").glob("checkpoint_step00000010/state.json"))
 
 
 @pytest.mark.slow
-def test_resubmitted_job_continues_where_the_first_stopped(head, tmp_path_factory):
+def test_resubmitted_job_continues_where_the_first_stopped(ray_head, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("job-resume")
-    assert _submit(head, tmp, max_steps=10).returncode == 0
-    proc = _submit(head, tmp, max_steps=15)
+    assert _submit(ray_head, tmp, max_steps=10).returncode == 0
+    proc = _submit(ray_head, tmp, max_steps=15)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "resuming at epoch 0 step 10" in out and "trained 15 global steps" in out, out[-4000:]
