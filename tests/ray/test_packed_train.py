@@ -22,7 +22,7 @@ from tests.helpers import tiny_raw
 pytestmark = pytest.mark.ray
 
 CHECKPOINT_EVERY, FAIL_AFTER = 10, 14
-PACKED = {"mode": "packed", "row_tokens": 128, "rows_per_step": 4}
+PACKED = {"mode": "packed", "row_tokens": 256, "rows_per_step": 4}
 
 
 def _records(ids_dir: Path) -> list[dict]:
