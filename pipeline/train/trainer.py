@@ -38,7 +38,7 @@ from pipeline.learn.checkpoint import (
 )
 from pipeline.learn.logger import MetricLogger, NullLogger, run_id_for
 from pipeline.learn.loss import NonFiniteGuard
-from pipeline.learn.model_check import build_model_or_refuse
+from pipeline.learn.model_check import ModelBuildError, build_model_or_refuse
 from pipeline.learn.optim import build_optimizer, build_scheduler
 from pipeline.learn.packed_attention import require_packed_support
 from pipeline.train.faults import maybe_fail
@@ -119,7 +119,10 @@ class Trainer:
         self.model = build_model_or_refuse(cfg.model, max_positions=spec.edges[-1]).to(spec.device)
         self.row_tokens = getattr(cfg.batching, "row_tokens", 0)  # packed rows; 0: padded
         if self.row_tokens:
-            require_packed_support(self.model)
+            try:
+                require_packed_support(self.model)
+            except ValueError as e:  # a ConfigError: Ray Train raises it at once, no retries
+                raise ModelBuildError(str(e)) from None
         self.optimizer = build_optimizer(self.model, t)
         self.scheduler = build_scheduler(self.optimizer, t, length.optimizer_steps)
         self.tracker = BucketLossTracker(len(spec.edges) - 1)

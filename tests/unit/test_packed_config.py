@@ -18,6 +18,7 @@ from pipeline.core.epochs import (
     run_epoch_plans,
 )
 from pipeline.core.packing import PackedPlan, PackingSpec, pack_epoch
+from pipeline.learn.model_check import ModelBuildError
 from pipeline.train.progress import packed_step_metrics
 from pipeline.train.step import GroupStats
 
@@ -156,7 +157,7 @@ def test_the_trainer_refuses_a_model_that_does_not_attend_within_documents(tmp_p
     base = tf.config(tmp_path).model_dump()
     packed = {**base, "batching": {"mode": "packed", "row_tokens": 8192, "rows_per_step": 2}}
     mine = {**packed, "model": {**base["model"], "name": f"{__name__}:make_unaware"}}
-    with pytest.raises(ValueError, match="batching.mode=packed needs a model that attends within"):
+    with pytest.raises(ModelBuildError, match="batching.mode=packed needs a model that attends"):
         Trainer(validate(mine), tf.spec(tmp_path), save=lambda *a: None)
     trainer = Trainer(validate(packed), tf.spec(tmp_path), save=lambda *a: None)
     assert trainer.row_tokens == 8192  # the tiny decoder attends within documents
