@@ -31,15 +31,18 @@ from jobs._plan_inputs import (
     load_lengths,
     max_length_bound,
 )
+from pipeline.core.buckets import optimize
 from pipeline.core.config import (
     BatchingConfig,
     BucketsConfig,
     ConfigError,
+    ModelConfig,
     PlanConfig,
     parse_edges,
 )
 from pipeline.core.frontier import FrontierPoint, frontier_ks, plot_frontier
 from pipeline.core.metrics import truncation_counts
+from pipeline.core.packing import PackingSpec, attention_width_for, pack_epoch
 from pipeline.core.report import build_report, plot_report, render_text
 from pipeline.core.synthetic import PRESETS
 
@@ -133,8 +136,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--world-size", type=count(1), default=1, help="ranks each global batch is split over"
     )
+    _add_packed_args(p)
     _add_plan_args(p)
     return p
+
+
+def _add_packed_args(p: argparse.ArgumentParser) -> None:
+    """batching.mode=packed: with --row-tokens, the report adds the packed epoch (and
+    --dump-plan writes it), packed as a run with the same batching fields would pack it."""
+    g = p.add_argument_group("packed rows (batching.mode=packed)")
+    g.add_argument(
+        "--row-tokens",
+        type=count(1),
+        help="report the packed epoch too: tokens per row, as batching.row_tokens",
+    )
+    g.add_argument(
+        "--rows-per-step", type=count(1), default=8, help="rows per global step (default 8)"
+    )
+    g.add_argument("--open-rows", type=count(1), default=16, help="best-fit window (default 16)")
+    g.add_argument(
+        "--balance-rows", type=count(1), default=512, help="balancing window (default 512)"
+    )
+    g.add_argument(
+        "--attention-width",
+        type=count(1),
+        default=None,
+        help="the cost model's width (default 6 x model.d_model's default, as the run's null)",
+    )
 
 
 def _add_plan_args(p: argparse.ArgumentParser) -> None:
@@ -266,6 +294,10 @@ def run(args) -> int:
         report["truncation"] = truncation
     print(f"source: {source}")
     print(render_text(report))
+    if args.row_tokens is not None:
+        packed_edges = _packed_edges(args, edges, lengths)
+        plan, report["packed"] = _packed_report(args, lengths, ids, packed_edges, log)
+        print(_packed_text(report["packed"]))
 
     if args.json:
         _write("--json", args.json, lambda: _text(args.json, json.dumps(report, indent=2) + "\n"))
@@ -287,10 +319,90 @@ def run(args) -> int:
         import pyarrow.parquet as pq
 
         t = time.perf_counter()
-        table = pa.table(plan.rows())
+        table = pa.table(_plan_rows(plan))
         _write("--dump-plan", args.dump_plan, lambda: pq.write_table(table, args.dump_plan))
         log(f"wrote {args.dump_plan}: {table.num_rows:,} rows in {time.perf_counter() - t:.2f}s")
     return 0
+
+
+def _packed_edges(args, edges, lengths: np.ndarray) -> list[int]:
+    """The edges a packed run packs within: --edges, K optimal edges, or for auto one bucket (a
+    full shuffle), as pipeline.core.epochs.resolve_edges does in packed mode."""
+    if edges is not None:
+        return list(edges)
+    k = 1 if args.num_buckets == "auto" else int(args.num_buckets)
+    return optimize(lengths, k)
+
+
+def _packed_report(args, lengths, ids, edges, log) -> tuple:
+    """The packed epoch's plan and its summary (pipeline.core.packing.PackedPlan.summary)."""
+    width = args.attention_width or attention_width_for(ModelConfig().d_model)
+    try:
+        batching = BatchingConfig(
+            mode="packed",
+            row_tokens=args.row_tokens,
+            rows_per_step=args.rows_per_step,
+            open_rows=args.open_rows,
+            balance_rows=args.balance_rows,
+            attention_width=width,
+            pad_to_multiple_of=args.pad_to_multiple_of,
+        )
+        spec = PackingSpec(
+            row_tokens=batching.row_tokens,
+            rows_per_step=batching.rows_per_step,
+            attention_width=width,
+            open_rows=batching.open_rows,
+            balance_rows=batching.balance_rows,
+        )
+        t = time.perf_counter()
+        packed = pack_epoch(
+            lengths,
+            edges,
+            seed=args.plan_seed,
+            epoch=args.epoch,
+            world_size=args.world_size,
+            spec=spec,
+            sample_ids=ids,
+        )
+    except ValidationError as err:
+        msg = err.errors()[0]["msg"].removeprefix("Value error, ")
+        raise InputError(_packed_flags(msg)) from None
+    except ConfigError as err:
+        raise InputError(_packed_flags(str(err))) from None
+    seconds = time.perf_counter() - t
+    log(f"packed epoch {args.epoch} in {seconds:.2f}s")
+    summary = {**packed.summary(), "edges": [int(e) for e in edges], "attention_width": width}
+    summary["pack_seconds"] = seconds
+    return packed.as_epoch_plan(args.pad_to_multiple_of), summary
+
+
+def _packed_flags(msg: str) -> str:
+    for name in ("row_tokens", "rows_per_step", "open_rows", "balance_rows", "attention_width"):
+        msg = msg.replace(f"batching.{name}", _flag(name))
+    return msg.replace("batching.pad_to_multiple_of", "--pad-to-multiple-of").replace(
+        "the world size", "--world-size"
+    )
+
+
+def _packed_text(s: dict) -> str:
+    return (
+        f"packed rows: {s['rows']:,} rows in {s['steps']:,} steps, edges {s['edges']}; row fill "
+        f"{s['row_fill']:.3f}, {s['docs_per_row']:.2f} documents per row; rank cost max / mean "
+        f"{s['rank_max_over_mean']:.3f}, useful / paid {s['useful_over_paid']:.3f} (attention "
+        f"width {s['attention_width']}); plan hash {s['hash']}"
+    )
+
+
+def _plan_rows(plan) -> dict:
+    """plan.rows(), and for a packed plan each sample's row (-1: an empty micro-batch)."""
+    out = plan.rows()
+    if plan.packed:
+        row = np.full(out["sample_id"].size, -1, dtype=np.int64)
+        real = out["sample_id"] >= 0
+        pos = np.arange(plan.num_samples)
+        row[real] = np.searchsorted(plan.row_offsets, pos, side="right") - 1
+        out["row"] = row
+    return out
 
 
 def _text(path: str, text: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -30,6 +31,7 @@ from pipeline.core.sections import (
     FixedBatching,
     OnBadRows,
     OptimisedBuckets,
+    PackedBatching,
     SyntheticConfig,
     TokenBudgetBatching,
     _Section,
@@ -46,6 +48,7 @@ __all__ = [
     "BatchingConfig",
     "TokenBudgetBatching",
     "FixedBatching",
+    "PackedBatching",
     "Buckets",
     "BucketsConfig",
     "ExplicitBuckets",
@@ -372,6 +375,8 @@ class RunConfig(_Section):
                 f"hold one longest sample; raise batching.token_budget to >= {top} or lower the "
                 "top edge"
             )
+        if isinstance(b, PackedBatching):
+            _packed_checks(self, top, what)
         if self.scaling.min_workers is not None and self.plan.on_world_size_change == "refuse":
             raise ValueError(
                 f"scaling.min_workers={self.scaling.min_workers} lets Ray Train resize the run, but "
@@ -379,6 +384,34 @@ class RunConfig(_Section):
                 "or set plan.on_world_size_change=keep_order"
             )
         return self
+
+
+def _packed_checks(cfg: RunConfig, top: int, what: str) -> None:
+    """batching.mode=packed against the rest of the config: rows hold the longest sample, every
+    world size the run may take divides a step's rows, and the plan is the bucketed shuffle."""
+    b = cfg.batching
+    if b.row_tokens < top:
+        raise ValueError(
+            f"batching.row_tokens={b.row_tokens} is below {what}: a row must hold one longest "
+            f"sample (samples are never split); raise batching.row_tokens to >= {top} or lower "
+            "the top edge"
+        )
+    s = cfg.scaling
+    sizes = range(s.min_workers or s.num_workers, s.num_workers + 1)
+    bad = [w for w in sizes if b.rows_per_step % w]
+    if bad:
+        lcm = math.lcm(*sizes)
+        fit = -(-b.rows_per_step // lcm) * lcm
+        raise ValueError(
+            f"batching.rows_per_step={b.rows_per_step} is not divisible by the world size "
+            f"{bad[0]} (scaling.num_workers / min_workers): set rows_per_step to a multiple of "
+            f"every world size the run may take (e.g. {fit})"
+        )
+    if cfg.plan.policy != "bucketed" or cfg.plan.max_run is not None:
+        raise ValueError(
+            "plan.policy and plan.max_run have no effect with batching.mode=packed (rows are "
+            "packed from the bucketed shuffle, steps in an epoch-seeded order): remove them"
+        )
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
@@ -391,7 +424,10 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
 
 
 # Tags of the discriminated sections' variants: pydantic puts them in error locations.
-_VARIANT_TAGS = {"buckets": {"explicit", "optimised"}, "batching": {"token_budget", "fixed"}}
+_VARIANT_TAGS = {
+    "buckets": {"explicit", "optimised"},
+    "batching": {"token_budget", "fixed", "packed"},
+}
 
 
 _RANGE_ERRORS = {

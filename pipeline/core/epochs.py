@@ -6,6 +6,11 @@ buckets.target_efficiency. The simulation plans a real epoch for each candidate 
 what training will see, including token-budget batch sizes and the split over ranks. With
 buckets.max_recomposition_floor, K is also capped at the largest K whose recomposition chance
 floor (`pipeline.core.frontier`) stays within it: narrow buckets re-pair samples across epochs.
+
+With batching.mode=packed, `epoch_plan_for` packs the epoch (`pipeline.core.packing.pack_epoch`)
+and `auto` means one bucket, a full shuffle: packing fills rows from every length, and rows
+packed within narrow buckets fill worse (docs/architecture.md, "Packed rows"). Explicit edges or
+a fixed K pack within buckets.
 """
 
 from __future__ import annotations
@@ -16,8 +21,9 @@ from collections.abc import Iterator
 import numpy as np
 
 from pipeline.core.buckets import optimize, optimize_all, validate_edges
-from pipeline.core.config import Batching, PlanConfig, RunConfig
+from pipeline.core.config import Batching, PackedBatching, PlanConfig, RunConfig
 from pipeline.core.frontier import epoch0_efficiency, plan_point
+from pipeline.core.packing import PackedPlan, PackingSpec, attention_width_for, pack_epoch
 from pipeline.core.plan import EpochPlan, epoch_plan
 
 __all__ = [
@@ -25,6 +31,9 @@ __all__ = [
     "auto_edges",
     "simulated_efficiency",
     "epoch_plan_for",
+    "packed_epoch_metrics",
+    "packed_plan_for",
+    "packing_spec",
     "run_epoch_plans",
 ]
 
@@ -116,6 +125,8 @@ def resolve_edges(cfg: RunConfig, lengths: np.ndarray) -> list[int]:
     if lengths.size == 0:
         raise ValueError("no valid samples to choose bucket edges from (all rows quarantined?)")
     k = cfg.buckets.num_buckets
+    if k == "auto" and isinstance(cfg.batching, PackedBatching):
+        return optimize(lengths, 1)  # one bucket: a full shuffle (module docstring)
     if k != "auto":
         return optimize(lengths, int(k))
     return auto_edges(
@@ -129,8 +140,41 @@ def resolve_edges(cfg: RunConfig, lengths: np.ndarray) -> list[int]:
     )
 
 
+def packing_spec(cfg: RunConfig) -> PackingSpec:
+    """How batching.mode=packed packs an epoch (every field is part of the plan hash)."""
+    b = cfg.batching
+    if not isinstance(b, PackedBatching):
+        raise ValueError(f"batching.mode={b.mode} packs nothing: set batching.mode=packed")
+    return PackingSpec(
+        row_tokens=b.row_tokens,
+        rows_per_step=b.rows_per_step,
+        attention_width=b.attention_width or attention_width_for(cfg.model.d_model),
+        open_rows=b.open_rows,
+        balance_rows=b.balance_rows,
+        longest_first=cfg.plan.longest_first,
+    )
+
+
+def packed_plan_for(cfg: RunConfig, index, edges, epoch: int, world_size: int) -> PackedPlan:
+    """The epoch's packing (batching.mode=packed): `epoch_plan_for`'s plan before it becomes an
+    EpochPlan, with its rows' costs (`PackedPlan.summary`, the epoch/* packing metrics)."""
+    return pack_epoch(
+        index.lengths,
+        edges,
+        seed=cfg.plan.seed,
+        epoch=epoch,
+        world_size=world_size,
+        spec=packing_spec(cfg),
+        sample_ids=index.sample_ids,
+    )
+
+
 def epoch_plan_for(cfg: RunConfig, index, edges, epoch: int, world_size: int) -> EpochPlan:
-    """The epoch's plan over the index's valid samples (same on driver, feeder and workers)."""
+    """The epoch's plan over the index's valid samples (same on driver, feeder and workers):
+    packed rows with batching.mode=packed, padded global batches otherwise."""
+    if isinstance(cfg.batching, PackedBatching):
+        plan = packed_plan_for(cfg, index, edges, epoch, world_size)
+        return plan.as_epoch_plan(cfg.batching.pad_to_multiple_of)
     return epoch_plan(
         index.lengths,
         edges,
@@ -141,6 +185,24 @@ def epoch_plan_for(cfg: RunConfig, index, edges, epoch: int, world_size: int) ->
         plan=cfg.plan,
         sample_ids=index.sample_ids,
     )
+
+
+def packed_epoch_metrics(cfg: RunConfig, plan: EpochPlan) -> dict:
+    """`epoch/*` metrics of a packed plan ({} for a padded one): rows, documents per row, row
+    fill (also the planned padding efficiency: a row's empty tail is its only padding), and rank
+    balance under the cost model (the sum over steps of the costliest rank over the mean rank,
+    and useful / paid work, pipeline.core.packing)."""
+    if not plan.packed:
+        return {}
+    s = PackedPlan.of(plan, packing_spec(cfg)).summary()
+    return {
+        "epoch/rows": s["rows"],
+        "epoch/docs_per_row": s["docs_per_row"],
+        "epoch/row_fill": s["row_fill"],
+        "epoch/planned_padding_efficiency": s["row_fill"],
+        "epoch/rank_max_over_mean": s["rank_max_over_mean"],
+        "epoch/useful_over_paid": s["useful_over_paid"],
+    }
 
 
 def run_epoch_plans(cfg: RunConfig, index, edges, world_size: int) -> Iterator[EpochPlan]:

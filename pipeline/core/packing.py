@@ -239,6 +239,28 @@ class PackedPlan:
             rows_per_step=self.spec.rows_per_step,
         )
 
+    @classmethod
+    def of(cls, plan: EpochPlan, spec: PackingSpec) -> PackedPlan:
+        """The packing of a packed EpochPlan (as_epoch_plan's inverse, for its summary and rank
+        costs); rows keep their steps' bucket, the bucket of each step's first row."""
+        if not plan.packed:
+            raise ValueError("a padded EpochPlan has no rows: plan it with batching.mode=packed")
+        rows_per = np.diff(plan.step_rows)
+        return cls(
+            seed=plan.seed,
+            epoch=plan.epoch,
+            world_size=plan.world_size,
+            spec=spec,
+            edges=plan.edges,
+            first_step=plan.first_step,
+            step_rows=plan.step_rows,
+            row_offsets=plan.row_offsets,
+            row_bucket=np.repeat(plan.step_bucket, rows_per),
+            sample_ids=plan.sample_ids,
+            lengths=plan.lengths,
+            _hash=plan.content_hash,
+        )
+
     def rank_costs(self) -> np.ndarray:
         """[S, world_size] cost each rank runs at each step (a rank without rows: 0)."""
         cum = np.concatenate([[0.0], np.cumsum(self.row_cost)])

@@ -34,6 +34,7 @@ __all__ = [
     "BucketsConfig",
     "TokenBudgetBatching",
     "FixedBatching",
+    "PackedBatching",
     "Batching",
     "BatchingConfig",
     "parse_edges",
@@ -336,7 +337,8 @@ class TokenBudgetBatching(_Batching):
     @classmethod
     def _no_fixed_fields(cls, data: Any) -> Any:
         why = "with batching.mode=token_budget: remove it, or set batching.mode=fixed"
-        return _forbid("batching", data, {"batch_size": why})
+        data = _forbid("batching", data, {"batch_size": why})
+        return _forbid("batching", data, dict.fromkeys(_PACKED_ONLY, _PACKED_WHY))
 
 
 class FixedBatching(_Batching):
@@ -352,7 +354,75 @@ class FixedBatching(_Batching):
     @classmethod
     def _no_budget_fields(cls, data: Any) -> Any:
         why = "with batching.mode=fixed: remove it, or set batching.mode=token_budget"
-        return _forbid("batching", data, {"token_budget": why, "round_to": why, "fill": why})
+        data = _forbid("batching", data, {"token_budget": why, "round_to": why, "fill": why})
+        return _forbid("batching", data, dict.fromkeys(_PACKED_ONLY, _PACKED_WHY))
+
+
+_PACKED_ONLY = ("row_tokens", "rows_per_step", "open_rows", "balance_rows", "attention_width")
+_PACKED_WHY = "outside batching.mode=packed: remove it, or set batching.mode=packed"
+
+
+class PackedBatching(_Batching):
+    """Padding-free: whole samples packed into rows of row_tokens tokens, each document attending
+    only to itself (pipeline.core.packing); rows_per_step rows per global step, balanced across
+    ranks under the cost model declared in pipeline/core/packing.py."""
+
+    mode: Literal["packed"] = Field(
+        "packed",
+        description="`packed`: rows of whole samples (row_tokens, rows_per_step, open_rows, "
+        "balance_rows, attention_width); the model must attend within documents.",
+    )
+    row_tokens: PositiveInt = Field(
+        8192,
+        description="Tokens per row: a multiple of pad_to_multiple_of and at least the top bucket "
+        "edge (samples are never split). Per-rank memory ~ rows_per_step / world_size x row_tokens.",
+    )
+    rows_per_step: PositiveInt = Field(
+        8,
+        description="Rows per GLOBAL step (all ranks together), independent of the world size; "
+        "every world size the run may use must divide it.",
+    )
+    open_rows: PositiveInt = Field(
+        16,
+        description="Best-fit window: rows open at once while packing each bucket's shuffled "
+        "samples (more: fuller rows, packing less local).",
+    )
+    balance_rows: PositiveInt = Field(
+        512,
+        description="Rows sorted by cost together before being cut into steps, so a step's ranks "
+        "carry nearly the same cost; the steps are then shuffled by (seed, epoch).",
+    )
+    attention_width: PositiveInt | None = Field(
+        None,
+        description="The cost model's attention width (a row costs row_tokens + sum(L^2) / "
+        "attention_width). Null: 6 x model.d_model; for a Hugging Face model set 6 x its "
+        "hidden_size.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_padded_fields(cls, data: Any) -> Any:
+        why = "with batching.mode=packed: remove it (rows_per_step and row_tokens size a step)"
+        return _forbid(
+            "batching",
+            data,
+            {"token_budget": why, "round_to": why, "fill": why, "batch_size": why},
+        )
+
+    @model_validator(mode="after")
+    def _row_multiple(self) -> PackedBatching:
+        if self.row_tokens % self.pad_to_multiple_of:
+            up = -(-self.row_tokens // self.pad_to_multiple_of) * self.pad_to_multiple_of
+            raise ValueError(
+                f"batching.row_tokens={self.row_tokens} is not a multiple of "
+                f"batching.pad_to_multiple_of={self.pad_to_multiple_of}: set row_tokens to {up}"
+            )
+        if self.drop_remainder:
+            raise ValueError(
+                "batching.drop_remainder has no effect with batching.mode=packed (the last step "
+                "trains the remaining rows): remove it"
+            )
+        return self
 
 
 def _batching_mode(v: Any) -> str:
@@ -360,13 +430,15 @@ def _batching_mode(v: Any) -> str:
 
 
 Batching = Annotated[
-    Annotated[TokenBudgetBatching, Tag("token_budget")] | Annotated[FixedBatching, Tag("fixed")],
+    Annotated[TokenBudgetBatching, Tag("token_budget")]
+    | Annotated[FixedBatching, Tag("fixed")]
+    | Annotated[PackedBatching, Tag("packed")],
     Discriminator(_batching_mode),
 ]
 _BATCHING = TypeAdapter(Batching)
 
 
-def BatchingConfig(**fields: Any) -> TokenBudgetBatching | FixedBatching:  # noqa: N802
+def BatchingConfig(**fields: Any) -> TokenBudgetBatching | FixedBatching | PackedBatching:  # noqa: N802
     """The batching section its `mode` names (default token_budget), validated."""
     return _BATCHING.validate_python(fields)
 

@@ -23,6 +23,9 @@ pass the next step as `start_step`. A rank's share of a small bucket's last batc
 (B = 0): `batch_tensors` then returns a one-row batch with no supervised token, so the rank
 still takes part in every DDP collective. `labels` are aligned with `input_ids` (shift them
 by one for next-token loss) and are -100 on padding and on unsupervised tokens.
+
+With batching.mode=packed the steps are packed rows (docs/architecture.md, "Packed rows"): a
+micro-batch is a rank's share of its step's rows, `mb.bucket` the bucket of the step's first row.
 """
 
 from __future__ import annotations
@@ -185,7 +188,10 @@ def next_token_loss(logits, labels):
 
 def batch_tensors(mb: MicroBatch, device=None) -> dict:
     """The micro-batch's tensors on `device`: input_ids, attention_mask, position_ids, labels
-    (int64 [B, L]). An empty micro-batch becomes a 1 x 2 batch whose labels are all -100."""
+    (int64 [B, L]; with batching.mode=packed, B rows of row_tokens whose attention_mask holds
+    each token's document number as int32, 0 on padding, and positions restart per document:
+    the model must attend within documents, pipeline/learn/packed_attention.py). An empty
+    micro-batch becomes a 1 x 2 batch whose labels are all -100."""
     import torch
 
     if mb.input_ids.numel() == 0:

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow.fs as pafs
 
 from pipeline.core.config import ConfigError, RunConfig
-from pipeline.core.epochs import run_epoch_plans
+from pipeline.core.epochs import packed_epoch_metrics, run_epoch_plans
 from pipeline.core.metrics import padding_efficiency
 from pipeline.core.plan import EpochPlan
 from pipeline.core.runlength import run_length
@@ -226,6 +226,7 @@ def _plan_epochs(cfg: RunConfig, index, edges: list[int]) -> tuple[list[dict], l
                 "hash": plan.content_hash,
                 "metrics": {
                     **epoch_metrics(plan, edges, cfg.batching.pad_to_multiple_of),
+                    **packed_epoch_metrics(cfg, plan),
                     **truncation_metrics(index),
                 },
             }

@@ -10,7 +10,14 @@ from pathlib import Path
 
 from pipeline.train.step import GroupStats
 
-__all__ = ["Window", "step_metrics", "progress_line", "fmt_eta", "SampleRecorder"]
+__all__ = [
+    "Window",
+    "step_metrics",
+    "packed_step_metrics",
+    "progress_line",
+    "fmt_eta",
+    "SampleRecorder",
+]
 
 
 class Window:
@@ -59,6 +66,19 @@ def step_metrics(
         "train/loss_debiased": debiased,
         "train/epoch": epoch,
         **{f"train/loss_by_bucket/{k}": v for k, v in stats.bucket_losses().items()},
+    }
+
+
+def packed_step_metrics(stats: GroupStats, row_tokens: int) -> dict[str, float]:
+    """The `data/*` metrics of a logged packed step (batching.mode=packed), over all ranks: rows
+    trained, documents per row and row fill (real tokens over the rows' slots). The ranks' balance
+    is planned, not measured: `epoch/rank_max_over_mean` (pipeline.core.epochs)."""
+    i = len(stats.steps) - 1
+    rows = float(stats.padded[i]) / row_tokens
+    return {
+        "data/rows": rows,
+        "data/docs_per_row": float(stats.samples[i]) / max(rows, 1.0),
+        "data/row_fill": float(stats.real[i]) / max(float(stats.padded[i]), 1.0),
     }
 
 

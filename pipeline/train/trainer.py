@@ -38,11 +38,18 @@ from pipeline.learn.checkpoint import (
 )
 from pipeline.learn.logger import MetricLogger, NullLogger, run_id_for
 from pipeline.learn.loss import NonFiniteGuard
-from pipeline.learn.model_check import build_model_or_refuse
+from pipeline.learn.model_check import ModelBuildError, build_model_or_refuse
 from pipeline.learn.optim import build_optimizer, build_scheduler
+from pipeline.learn.packed_attention import require_packed_support
 from pipeline.train.faults import maybe_fail
 from pipeline.train.history import StepHistory
-from pipeline.train.progress import SampleRecorder, Window, progress_line, step_metrics
+from pipeline.train.progress import (
+    SampleRecorder,
+    Window,
+    packed_step_metrics,
+    progress_line,
+    step_metrics,
+)
 from pipeline.train.step import GroupStats, all_reduce, train_group
 
 __all__ = ["RunSpec", "Trainer", "UnusedParametersError", "seed_worker"]
@@ -128,6 +135,12 @@ class Trainer:
         # Same init on every rank (DDP also broadcasts rank 0's).
         torch.manual_seed(t.seed)
         self.model = build_model_or_refuse(cfg.model, max_positions=spec.edges[-1]).to(spec.device)
+        self.row_tokens = getattr(cfg.batching, "row_tokens", 0)  # packed rows; 0: padded
+        if self.row_tokens:
+            try:
+                require_packed_support(self.model)
+            except ValueError as e:  # a ConfigError: Ray Train raises it at once, no retries
+                raise ModelBuildError(str(e)) from None
         self.optimizer = build_optimizer(self.model, t)
         self.scheduler = build_scheduler(self.optimizer, t, length.optimizer_steps)
         self.tracker = BucketLossTracker(len(spec.edges) - 1)
@@ -319,6 +332,8 @@ class Trainer:
             stats, lr=self.lr, grad_norm=self.grad_norm, debiased=self.debiased, epoch=epoch
         )
         m.update(self.window.metrics())
+        if self.row_tokens:
+            m.update(packed_step_metrics(stats, self.row_tokens))
         self.logger.log(m, step=done)
         if self.spec.rank == 0:
             rate = (done - self.run_steps0) / max(time.perf_counter() - self.run_t0, 1e-9)
