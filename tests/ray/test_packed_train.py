@@ -33,6 +33,9 @@ def _records(ids_dir: Path) -> list[dict]:
     ]
 
 
+# A whole packed run (~40-90 s): make test-slow. The default suite keeps packed plans, slices,
+# chapters and re-chunking (tests/unit/test_packed_plan.py) and the packed config (test_packed_config.py).
+@pytest.mark.slow
 def test_packed_run_resumed_after_a_failure_trains_every_planned_row_once(
     cluster, tmp_path, monkeypatch
 ):

@@ -76,6 +76,10 @@ def test_contract7_restart_after_failure_trains_the_same_batches_and_weights(
     assert resumed.loss == pytest.approx(ref.loss, rel=1e-5)
 
 
+# A whole run for one step (~25 s): make test-slow. The default suite keeps the trainer's side (every
+# rank stops at the same step with a checkpoint: tests/unit/test_trainer.py) and the driver's signal
+# handler (tests/ray/test_driver_control.py).
+@pytest.mark.slow
 def test_stop_request_ends_the_run_with_a_checkpoint_at_the_next_step(cluster, tmp_path):
     """The driver's side of Ctrl-C / SIGTERM: a request on the run's stop flag makes every
     worker finish its step, checkpoint there and return; fit() ends normally."""

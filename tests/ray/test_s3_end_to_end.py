@@ -200,6 +200,9 @@ def test_length_index_from_s3_is_cached_in_the_bucket(cluster, s3, corpus, tmp_p
     np.testing.assert_array_equal(second.lengths, first.lengths)
 
 
+# Two runs against the bucket (~70 s): make test-slow. The default suite keeps contract 7 on local
+# storage (test_resume.py), the index cache in the bucket and the driver-resolved filesystem here.
+@pytest.mark.slow
 def test_killed_run_resumes_from_the_bucket_with_the_planned_batches(
     cluster, s3, corpus, tmp_path, monkeypatch, capfd
 ):

@@ -173,6 +173,7 @@ def test_submitted_job_sees_repo_and_arguments_and_succeeds(ray_head):
     assert seen["config_is_file"]
     assert seen["excluded_present"] == []
     assert seen["auth_mode"] == "token"
+    assert seen["in_submitted_job"]  # so a relative path is refused (test_driver_checks.py)
     print(f"submit.sh round trip: {elapsed:.1f}s")
 
 
@@ -214,6 +215,9 @@ def test_tiny_training_run_through_submit_succeeds(ray_head, tmp_path):
     assert _job_status(ray_head, sid) == "SUCCEEDED"
 
 
+# A whole failed job (~20 s): make test-slow. The default suite keeps the refusal itself
+# (test_driver_checks.py) and that a submitted job is recognised as one (the probe above).
+@pytest.mark.slow
 def test_relative_storage_path_fails_the_job_with_one_line(ray_head):
     sid = f"submit-relative-{secrets.token_hex(4)}"
     res = _submit(
@@ -241,6 +245,8 @@ def test_relative_storage_path_fails_the_job_with_one_line(ray_head):
 
 def _probe() -> None:
     """Entrypoint of the probe job: what did the job get?"""
+    from pipeline.train.preflight import in_submitted_job
+
     argv = sys.argv[1:]
     config = argv[argv.index("--config") + 1] if "--config" in argv else ""
     report = {
@@ -248,6 +254,8 @@ def _probe() -> None:
         "config_is_file": bool(config) and Path(config).is_file(),
         "excluded_present": [p for p in EXCLUDED if Path(p).exists()],
         "auth_mode": os.environ.get("RAY_AUTH_MODE"),
+        # What the driver's relative-path refusal keys on (pipeline.train.preflight).
+        "in_submitted_job": in_submitted_job(),
     }
     print(REPORT_PREFIX + json.dumps(report), flush=True)
 

@@ -175,6 +175,8 @@ def test_padding_keeps_freed_memory_instead_of_faulting_it_back():
     assert default > 10 * max(kept, 1), (kept, default)
 
 
+# Two fresh interpreters and a Ray start (~25 s): make test-slow; a start-up cost, not a contract.
+@pytest.mark.slow
 def test_a_lead_in_never_imports_ray_data(tmp_path):
     """The first range is read in the feeder; Ray Data (~0.6 s to import here) waits for the
     first chapter sorted through it."""
