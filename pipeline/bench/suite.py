@@ -359,10 +359,12 @@ def run_suite(
     results["quality"] = section_quality(lengths, results["padding"])
     save(results)
 
+    started = None
     if opts.training or opts.delivery:
-        import ray
+        from pipeline.data.connect import connect
 
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+        # A private instance, or the one already up (a caller's, a test session's).
+        started = connect("local", num_cpus=2, include_dashboard=False, log_to_driver=False)[1]
     try:
         if opts.training:
             log("section 2: training under each policy")
@@ -388,7 +390,7 @@ def run_suite(
             results["delivery"] = {"skipped": "--skip-delivery"}
             meta["skipped"].append("section 4 (delivery): --skip-delivery")
     finally:
-        if opts.training or opts.delivery:
+        if started is not None:  # ours: stop it; a caller's instance stays up
             import ray
 
             ray.shutdown()

@@ -39,6 +39,11 @@ def check_model(cfg: ModelConfig) -> None:
         except ValueError as e:
             raise ModelBuildError(str(e)) from None
         return
+    if cfg.hf_pretrained is not None:
+        # The saved model's own config.json decides: its directory, vocabulary and positions are
+        # checked on the driver once the edges are known (pipeline.learn.pretrained).
+        _require_transformers()
+        return
     try:
         d = hf_config_dict(cfg.hf_config)
     except (ValueError, OSError) as e:
@@ -46,17 +51,22 @@ def check_model(cfg: ModelConfig) -> None:
     model_type = d.get("model_type")
     if not model_type:
         raise ModelBuildError("model.hf_config needs a model_type (e.g. llama, gpt2, qwen2)")
-    try:
-        from transformers import CONFIG_MAPPING
-    except ImportError:
-        raise ModelBuildError(
-            "model.name=hf_causal_lm needs Hugging Face transformers: pip install 'bucketray[hf]'"
-        ) from None
+    CONFIG_MAPPING = _require_transformers().CONFIG_MAPPING
     if model_type not in CONFIG_MAPPING:
         raise ModelBuildError(
             f"model.hf_config: unknown model_type {model_type!r} for transformers (known ones "
             "include llama, gpt2, qwen2, mistral); fix the config or upgrade transformers"
         )
+
+
+def _require_transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise ModelBuildError(
+            "model.name=hf_causal_lm needs Hugging Face transformers: pip install 'bucketray[hf]'"
+        ) from None
+    return transformers
 
 
 def build_model_or_refuse(cfg: ModelConfig, max_positions: int) -> nn.Module:
