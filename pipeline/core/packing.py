@@ -49,7 +49,7 @@ from functools import cached_property
 import numpy as np
 
 from pipeline.core.buckets import assign
-from pipeline.core.plan import EpochPlan, packed_micro_offsets, split_offsets
+from pipeline.core.plan import EpochPlan, lengths_and_ids, packed_micro_offsets, split_offsets
 from pipeline.core.sections import ConfigError
 
 __all__ = [
@@ -415,14 +415,7 @@ def pack_epoch(
     """Plan one packed epoch (module docstring). `sample_ids` default to positions in `lengths`;
     edges [0, top] give a full shuffle."""
     check_world_size(spec.rows_per_step, world_size)
-    lengths = np.asarray(lengths, dtype=np.int64)
-    ids = (
-        np.arange(lengths.size, dtype=np.int64)
-        if sample_ids is None
-        else np.asarray(sample_ids, dtype=np.int64)
-    )
-    if ids.shape != lengths.shape:
-        raise ValueError(f"sample_ids shape {ids.shape} != lengths shape {lengths.shape}")
+    lengths, ids = lengths_and_ids(lengths, sample_ids)
     edges = np.asarray(edges, dtype=np.int64)
     if edges[-1] > spec.row_tokens:
         raise ConfigError(

@@ -439,6 +439,19 @@ def _longest_first(
         a[[0, first]] = a[[first, 0]]
 
 
+def lengths_and_ids(lengths, sample_ids=None) -> tuple[np.ndarray, np.ndarray]:
+    """(lengths, sample ids) as int64 arrays; ids default to positions in `lengths`."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    ids = (
+        np.arange(lengths.size, dtype=np.int64)
+        if sample_ids is None
+        else np.asarray(sample_ids, dtype=np.int64)
+    )
+    if ids.shape != lengths.shape:
+        raise ValueError(f"sample_ids shape {ids.shape} != lengths shape {lengths.shape}")
+    return lengths, ids
+
+
 def epoch_plan(
     lengths: np.ndarray,
     edges,
@@ -454,14 +467,7 @@ def epoch_plan(
     plan = plan or PlanConfig()
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
-    lengths = np.asarray(lengths, dtype=np.int64)
-    ids = (
-        np.arange(lengths.size, dtype=np.int64)
-        if sample_ids is None
-        else np.asarray(sample_ids, dtype=np.int64)
-    )
-    if ids.shape != lengths.shape:
-        raise ValueError(f"sample_ids shape {ids.shape} != lengths shape {lengths.shape}")
+    lengths, ids = lengths_and_ids(lengths, sample_ids)
     edges = np.asarray(edges, dtype=np.int64)
     if plan.policy != "bucketed":
         edges = edges[[0, -1]]  # the baselines batch across all lengths

@@ -109,6 +109,38 @@ def _not_json_lines(data: bytes, rel: str) -> str | None:
     return None
 
 
+def _column_values(data: bytes, rel: str, column: str, flag: str, holds: str) -> list:
+    """One value per row of a .parquet or JSON Lines file: the row's `column`, None for a blank
+    line, KeyError for an object without it, the exception for a line that does not decode.
+    A corrupt parquet file, a missing parquet column or a .json array is a TokenizeError naming
+    the file (and the flag that picks the column)."""
+    if rel.endswith(".parquet"):
+        try:
+            t = pq.read_table(pa.BufferReader(data))
+        except (pa.ArrowException, OSError) as e:  # pyarrow's message names no file
+            raise TokenizeError(f"{rel}: not a readable parquet file ({e})") from None
+        if column not in t.column_names:
+            raise TokenizeError(
+                f"{rel}: no column {column!r} (columns: {t.column_names}); "
+                f"set {flag} to the column holding {holds}"
+            )
+        return t[column].to_pylist()
+    hint = _not_json_lines(data, rel)
+    if hint:
+        raise TokenizeError(hint)
+    lines = data.split(b"\n")
+    if not lines[-1].strip():
+        lines.pop()  # the newline that ends the last line starts no row
+    values = []
+    for line in lines:
+        try:
+            obj = json.loads(line) if line.strip() else None
+            values.append(obj.get(column, KeyError) if isinstance(obj, dict) else obj)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            values.append(e)
+    return values
+
+
 def _documents(data: bytes, rel: str, column: str) -> tuple[list[int], list[str], list[tuple]]:
     """(rows, texts, problems) of one file; a problem is (row, kind, reason)."""
     rows, texts, problems = [], [], []
@@ -118,31 +150,7 @@ def _documents(data: bytes, rel: str, column: str) -> tuple[list[int], list[str]
         except UnicodeDecodeError as e:
             return [], [], [(0, "undecodable", f"not UTF-8 ({e.reason} at byte {e.start})")]
         return ([0], [text], []) if text.strip() else ([], [], [(0, "empty", "empty text")])
-    if rel.endswith(".parquet"):
-        try:
-            t = pq.read_table(pa.BufferReader(data))
-        except (pa.ArrowException, OSError) as e:  # pyarrow's message names no file
-            raise TokenizeError(f"{rel}: not a readable parquet file ({e})") from None
-        if column not in t.column_names:
-            raise TokenizeError(
-                f"{rel}: no column {column!r} (columns: {t.column_names}); "
-                "set --text-column to the column holding the text"
-            )
-        values = t[column].to_pylist()
-    else:
-        hint = _not_json_lines(data, rel)
-        if hint:
-            raise TokenizeError(hint)
-        lines = data.split(b"\n")
-        if not lines[-1].strip():
-            lines.pop()  # the newline that ends the last line starts no document
-        values = []
-        for line in lines:
-            try:
-                obj = json.loads(line) if line.strip() else None
-                values.append(obj.get(column, KeyError) if isinstance(obj, dict) else obj)
-            except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                values.append(e)
+    values = _column_values(data, rel, column, "--text-column", "the text")
     for row, v in enumerate(values):
         if isinstance(v, str) and not v.strip():  # else encoded as a bare [BOS][EOS] sample
             problems.append((row, "empty", "empty text"))
@@ -470,27 +478,7 @@ def _conversations(data: bytes, rel: str, column: str) -> tuple[list[int], list,
     of {role, content} messages."""
     if rel.endswith(".txt"):
         return [], [], [(0, "undecodable", "a .txt file holds no messages")]
-    if rel.endswith(".parquet"):
-        t = pq.read_table(pa.BufferReader(data))
-        if column not in t.column_names:
-            raise TokenizeError(
-                f"{rel}: no column {column!r} (columns: {t.column_names}); set "
-                "--messages-column to the column holding the list of messages"
-            )
-        values = t[column].to_pylist()
-    else:
-        values = []
-        for line in data.split(b"\n"):
-            if not line.strip():
-                values.append(None)
-                continue
-            try:
-                obj = json.loads(line)
-                values.append(obj.get(column, KeyError) if isinstance(obj, dict) else obj)
-            except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                values.append(e)
-        if values and values[-1] is None:
-            values.pop()  # the newline that ends the last line
+    values = _column_values(data, rel, column, "--messages-column", "the list of messages")
     rows, convs, problems = [], [], []
     for row, v in enumerate(values):
         if v is None:
