@@ -49,7 +49,13 @@ from functools import cached_property
 import numpy as np
 
 from pipeline.core.buckets import assign
-from pipeline.core.plan import EpochPlan, lengths_and_ids, packed_micro_offsets, split_offsets
+from pipeline.core.plan import (
+    EpochPlan,
+    concat_ranges,
+    lengths_and_ids,
+    packed_micro_offsets,
+    split_offsets,
+)
 from pipeline.core.sections import ConfigError
 
 __all__ = [
@@ -319,15 +325,6 @@ def _segment_sums(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return np.diff(cum[offsets])
 
 
-def _ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    sizes = np.asarray(sizes, dtype=np.int64)
-    total = int(sizes.sum())
-    if total == 0:
-        return np.zeros(0, dtype=np.int64)
-    cum = np.cumsum(sizes) - sizes
-    return np.repeat(np.asarray(starts, dtype=np.int64) - cum, sizes) + np.arange(total)
-
-
 def _hash(spec: PackingSpec, *arrays) -> str:
     h = hashlib.sha256(f"bucketray-packed-v{PACK_VERSION}".encode())
     h.update(repr(spec).encode())
@@ -371,7 +368,7 @@ def _pack_buckets(lengths, ids, bucket, K, spec, seed, epoch):
     row_index = (np.cumsum(nb) - nb)[seq] + occ  # which concatenated row goes at each place
     all_sizes = np.concatenate(sizes)
     all_starts = np.concatenate([[0], np.cumsum(all_sizes)[:-1]])
-    flat = np.concatenate(members)[_ranges(all_starts[row_index], all_sizes[row_index])]
+    flat = np.concatenate(members)[concat_ranges(all_starts[row_index], all_sizes[row_index])]
     return flat, all_sizes[row_index], rb[row_index]
 
 
@@ -398,7 +395,7 @@ def _balanced_steps(cost: np.ndarray, spec: PackingSpec, seed: int, epoch: int):
         top = int(np.flatnonzero(perm == int(np.argmax(step_cost)))[0])
         perm[[0, top]] = perm[[top, 0]]
     starts = np.concatenate([[0], np.cumsum(step_size)[:-1]])
-    rows = in_step[_ranges(starts[perm], step_size[perm])]
+    rows = in_step[concat_ranges(starts[perm], step_size[perm])]
     return rows, step_size[perm]
 
 
@@ -431,7 +428,7 @@ def pack_epoch(
     cost = spec.row_tokens + _segment_sums(L * L, row_offsets) / spec.attention_width
     rows, step_size = _balanced_steps(cost, spec, seed, epoch)
     sizes = row_size[rows]
-    flat = flat[_ranges(row_offsets[:-1][rows], sizes)]
+    flat = flat[concat_ranges(row_offsets[:-1][rows], sizes)]
     row_offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     step_rows = np.concatenate([[0], np.cumsum(step_size)]).astype(np.int64)
     sid = ids[flat]

@@ -180,12 +180,12 @@ class EpochPlan:
             raise ValueError(f"rank {rank} outside world of size {self.world_size}")
         lo, hi = self.micro_offsets[:, rank], self.micro_offsets[:, rank + 1]
         sizes = hi - lo
-        idx = _ranges(lo, sizes)
+        idx = concat_ranges(lo, sizes)
         rows = {}
         if self.packed:
             mr = split_offsets(self.step_rows, self.world_size)
             row_n = mr[:, rank + 1] - mr[:, rank]
-            row_sizes = np.diff(self.row_offsets)[_ranges(mr[:, rank], row_n)]
+            row_sizes = np.diff(self.row_offsets)[concat_ranges(mr[:, rank], row_n)]
             rows = dict(
                 row_offsets=np.concatenate([[0], np.cumsum(row_sizes)]),
                 micro_rows=np.concatenate([[0], np.cumsum(row_n)]),
@@ -215,7 +215,7 @@ class EpochPlan:
         starts = mo[:, :-1].ravel()
         keys = np.empty(self.num_samples, dtype=np.int64)
         flat_sizes = sizes.ravel()
-        pos = _ranges(starts, flat_sizes)
+        pos = concat_ranges(starts, flat_sizes)
         keys[pos] = np.repeat(base.ravel(), flat_sizes) + (
             np.arange(pos.size) - np.repeat(np.cumsum(flat_sizes) - flat_sizes, flat_sizes)
         )
@@ -328,7 +328,7 @@ def _fields(p: EpochPlan) -> dict:
     return {f: getattr(p, f) for f in p.__dataclass_fields__}
 
 
-def _ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+def concat_ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     """Concatenation of arange(s, s + n) for each (s, n), vectorized."""
     sizes = np.asarray(sizes, dtype=np.int64)
     total = int(sizes.sum())
@@ -430,7 +430,7 @@ def _longest_first(
 ) -> None:
     """Swap the step with the longest sample (ties: the most padded slots) to step 0, in place."""
     maxlen = np.maximum.reduceat(
-        ordered_lengths[_ranges(batch_start, batch_size)],
+        ordered_lengths[concat_ranges(batch_start, batch_size)],
         np.concatenate([[0], np.cumsum(batch_size)[:-1]]),
     )
     padded = batch_size * maxlen
@@ -484,7 +484,7 @@ def epoch_plan(
     if plan.longest_first and seq.size:
         _longest_first(lengths[order], seq, batch_start, batch_size)
 
-    flat = order[_ranges(batch_start, batch_size)]
+    flat = order[concat_ranges(batch_start, batch_size)]
     step_offsets = np.concatenate([[0], np.cumsum(batch_size)]).astype(np.int64)
     sid = ids[flat]
     lens = lengths[flat]

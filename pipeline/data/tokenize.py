@@ -141,6 +141,18 @@ def _column_values(data: bytes, rel: str, column: str, flag: str, holds: str) ->
     return values
 
 
+def _unusable(row: int, value, column: str, what: str) -> tuple | None:
+    """The problem of a row `_column_values` could not read (blank, no such field, not
+    decodable), or None when it holds a value to check."""
+    if value is None:
+        return (row, "empty", f"blank line or null {what}")
+    if value is KeyError:
+        return (row, "undecodable", f"no field {column!r}")
+    if isinstance(value, Exception):
+        return (row, "undecodable", f"{type(value).__name__}: {value}")
+    return None
+
+
 def _documents(data: bytes, rel: str, column: str) -> tuple[list[int], list[str], list[tuple]]:
     """(rows, texts, problems) of one file; a problem is (row, kind, reason)."""
     rows, texts, problems = [], [], []
@@ -157,14 +169,11 @@ def _documents(data: bytes, rel: str, column: str) -> tuple[list[int], list[str]
         elif isinstance(v, str):
             rows.append(row)
             texts.append(v)
-        elif v is None:
-            problems.append((row, "empty", "blank line or null text"))
-        elif v is KeyError:
-            problems.append((row, "undecodable", f"no field {column!r}"))
-        elif isinstance(v, Exception):
-            problems.append((row, "undecodable", f"{type(v).__name__}: {v}"))
         else:
-            problems.append((row, "undecodable", f"{column!r} is {type(v).__name__}, not text"))
+            problems.append(
+                _unusable(row, v, column, "text")
+                or (row, "undecodable", f"{column!r} is {type(v).__name__}, not text")
+            )
     return rows, texts, problems
 
 
@@ -481,12 +490,8 @@ def _conversations(data: bytes, rel: str, column: str) -> tuple[list[int], list,
     values = _column_values(data, rel, column, "--messages-column", "the list of messages")
     rows, convs, problems = [], [], []
     for row, v in enumerate(values):
-        if v is None:
-            problems.append((row, "empty", "blank line or null messages"))
-        elif v is KeyError:
-            problems.append((row, "undecodable", f"no field {column!r}"))
-        elif isinstance(v, Exception):
-            problems.append((row, "undecodable", f"{type(v).__name__}: {v}"))
+        if (problem := _unusable(row, v, column, "messages")) is not None:
+            problems.append(problem)
         elif (why := _check_messages(v)) is not None:
             problems.append((row, "undecodable", why))
         else:
