@@ -7,20 +7,19 @@ padding efficiency and real tokens per second. A sixth panel states the run in n
 them the readability ratio: the variance of the step-to-step change of the debiased loss over
 that of the raw loss (below 1: the debiased curve is the steadier one to read).
 
-`draw_run(RUN_DIR)` finds the run's latest complete checkpoint (local or s3://) and reads only its
-`history.parquet` and `state.json`; `python -m jobs.plot_run RUN_DIR` is its command line.
+`draw_run(RUN_DIR)` finds the run's latest complete checkpoint (local or s3://) from the
+checkpoints' `state.json` and reads only its `history.parquet` besides; `python -m jobs.plot_run
+RUN_DIR` is its command line.
 """
 
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
-import pyarrow.fs as pafs
 
 from pipeline.core.metrics import readability_ratio
-from pipeline.train.history import StepHistory, read_history
+from pipeline.train.history import HISTORY_FILE, StepHistory, read_history
 
 __all__ = ["PICTURE_FILE", "readability", "draw_history", "draw_run", "default_picture_path"]
 
@@ -179,16 +178,6 @@ def _wrap_edges(edges: list[int], width: int = 40) -> str:
     return "\n".join(out)
 
 
-def _latest_checkpoint(fs: pafs.FileSystem, rdir: str) -> tuple[str, dict] | None:
-    from pipeline.train.resume_check import latest_position
-
-    found = latest_position(fs, rdir)
-    if found is None:
-        return None
-    with fs.open_input_stream(f"{found[0]}/state.json") as f:
-        return found[0], json.loads(f.read())
-
-
 def default_picture_path(run_dir: str) -> str:
     """Beside the checkpoints for a local run; in the current directory for a remote one."""
     if "://" in run_dir:
@@ -199,18 +188,18 @@ def default_picture_path(run_dir: str) -> str:
 def draw_run(run_dir: str, out: str | None = None) -> str:
     """Draw the picture of the run at `run_dir` (local path or URI) from its latest checkpoint."""
     from pipeline.data.fs import filesystem_for
+    from pipeline.train.resume_check import latest_position
 
     fs, rdir = filesystem_for(run_dir)
-    found = _latest_checkpoint(fs, rdir.rstrip("/"))
+    found = latest_position(fs, rdir.rstrip("/"))  # reads each checkpoint's state.json once
     if found is None:
         raise FileNotFoundError(f"no complete checkpoint under {run_dir}: nothing to draw yet")
-    path, meta = found
+    path, position = found
     history = read_history(fs, path)
     if len(history) == 0:
         raise FileNotFoundError(
-            f"{path} has no step history ({'history.parquet'}): it was written before runs "
-            "recorded one"
+            f"{path} has no step history ({HISTORY_FILE}): it was written before runs recorded one"
         )
-    edges = meta.get("position", {}).get("global_batch", {}).get("buckets.edges")
+    edges = position.global_batch.get("buckets.edges")
     name = run_dir.rstrip("/").rsplit("/", 1)[-1]
     return draw_history(history, out or default_picture_path(run_dir), title=name, edges=edges)
