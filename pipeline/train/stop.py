@@ -16,8 +16,11 @@ created it) the workers simply never see a request.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
+
+log = logging.getLogger(__name__)
 
 __all__ = ["StopFlag", "stop_flag_name", "create_stop_flag", "request_stop", "stop_poller"]
 
@@ -42,10 +45,23 @@ class StopFlag:
 
 def create_stop_flag(name: str):
     """The driver's side: start the named flag actor (0 CPUs; it dies with the driver), or get
-    this driver's own if it already made one (a caller that wants to stop the run early)."""
-    import ray
+    this driver's own if it already made one (a caller that wants to stop the run early).
 
-    return ray.remote(num_cpus=0)(StopFlag).options(name=name, get_if_exists=True).remote()
+    Pinned to the driver's node: a zero-CPU actor may otherwise be placed on any node, and a
+    flag on a worker node that is lost would take the run's stop requests with it."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    node = ray.get_runtime_context().get_node_id()
+    return (
+        ray.remote(num_cpus=0)(StopFlag)
+        .options(
+            name=name,
+            get_if_exists=True,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+        )
+        .remote()
+    )
 
 
 def request_stop(flag, reason: str = "stop requested") -> None:
@@ -60,8 +76,11 @@ def request_stop(flag, reason: str = "stop requested") -> None:
 
 def stop_poller(name: str, poll_s: float = 2.0) -> Callable[[], bool]:
     """A worker's check of the flag actor `name`: asks it at most every `poll_s` seconds, never
-    waits more than 10 s for an answer, and reads "no request" while the actor does not exist."""
+    waits more than 10 s for an answer, and reads "no request" while the actor does not exist
+    or after it was lost (with its node or its driver): losing the flag must not fail a run
+    that Ray Train can still restart."""
     import ray
+    from ray.exceptions import GetTimeoutError, RayActorError
 
     state = {"next": 0.0, "stop": False, "actor": None}
 
@@ -75,7 +94,13 @@ def stop_poller(name: str, poll_s: float = 2.0) -> Callable[[], bool]:
                 state["actor"] = ray.get_actor(name)
             except ValueError:  # no such actor (yet)
                 return False
-        state["stop"] = ray.get(state["actor"].requested.remote(), timeout=10) is not None
+        try:
+            state["stop"] = ray.get(state["actor"].requested.remote(), timeout=10) is not None
+        except (RayActorError, GetTimeoutError) as e:
+            state["actor"] = None  # looked up again at the next poll (a new driver makes a new one)
+            log.warning(
+                "stop flag %s unreachable (%s); no stop request seen", name, type(e).__name__
+            )
         return state["stop"]
 
     return poll

@@ -19,10 +19,12 @@ import time
 import pytest
 import ray
 import ray.train
+from ray._private.state import actors as actor_table
 from ray.cluster_utils import Cluster
 
 from pipeline.core.config import ConfigError
 from pipeline.train.launch import run
+from pipeline.train.stop import create_stop_flag
 from tests.faults.conftest import (
     assert_exact_recovery,
     attempts,
@@ -75,6 +77,21 @@ def _run_in_thread(cfg) -> tuple[threading.Thread, dict]:
     t = threading.Thread(target=target, daemon=True)
     t.start()
     return t, out
+
+
+def test_the_stop_flag_lives_on_the_driver_node(two_nodes):
+    """A zero-CPU actor may land on any node; the stop flag must not be lost with a worker
+    node (a fixed-size run then failed twice: once for the node, once for the flag)."""
+    driver_node = ray.get_runtime_context().get_node_id()
+    flags = [create_stop_flag(f"bucketray-stop-placement-{i}") for i in range(8)]
+    try:
+        ray.get([f.requested.remote() for f in flags])  # all started
+        # GCS's actor table (the state API needs a dashboard, which this cluster has none of).
+        placed = [actor_table(f._actor_id.hex())["Address"]["NodeID"] for f in flags]
+        assert set(placed) == {driver_node}, placed
+    finally:
+        for f in flags:
+            ray.kill(f)
 
 
 def test_contract7_lost_node_fixed_size_waits_then_resumes_exact_batches(
