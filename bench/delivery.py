@@ -20,10 +20,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.core.config import RunConfig
-from pipeline.core.corpus import write_corpus
 from pipeline.core.epochs import epoch_plan_for, resolve_edges
 from pipeline.data import deliver, rank_batches, start_feeder, stop_feeder
 from pipeline.data.connect import connect
+from pipeline.data.corpus import write_corpus
 from pipeline.data.index import build_length_index, filesystem_for, list_shards
 
 __all__ = ["measure_delivery", "baseline_delivery", "measure_chapters"]

@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from pipeline.bench.delivery import _RssPeak, _StorePeak, write_corpus
+from bench.delivery import _RssPeak, _StorePeak, write_corpus
 from pipeline.core.chapters import (
     chapter_read_bytes,
     lead_in_bounds,
