@@ -46,6 +46,19 @@ def test_benchmarks_do_not_import_jobs():
     assert _offenders("bench", {"jobs"}) == {}
 
 
+def test_benchmark_modules_share_only_public_names():
+    """The seam between bench modules (renderers included) is what each exports: no private
+    helper is imported from another module."""
+    private = {}
+    for p in sorted((ROOT / "bench").rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text(), filename=str(p))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "bench":
+                names = [a.name for a in node.names if a.name.startswith("_")]
+                if names:
+                    private.setdefault(str(p.relative_to(ROOT)), []).extend(names)
+    assert private == {}
+
+
 def test_core_names_no_ray_torch_pyarrow_or_matplotlib_even_lazily():
     """Core plans: it reads no parquet, writes no files and draws nothing."""
     forbidden = {"ray", "torch", "pyarrow", "matplotlib"}
