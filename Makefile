@@ -47,8 +47,8 @@ gpu-smoke: $(STAMP)
 	scripts/gpu_smoke.sh
 
 lint: $(STAMP)
-	$(PY) -m ruff check pipeline jobs tests examples
-	$(PY) -m ruff format --check pipeline jobs tests examples
+	$(PY) -m ruff check pipeline bench jobs tests examples
+	$(PY) -m ruff format --check pipeline bench jobs tests examples
 
 clean:
 	rm -rf .venv .pytest_cache .ruff_cache out

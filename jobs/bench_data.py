@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> dict:
     a = p.parse_args(argv)
     if a.chapter_tokens is not None:
         return _chapters(a)
-    from pipeline.bench.delivery import measure_delivery  # after parsing: --help needs no Ray
+    from bench.delivery import measure_delivery  # after parsing: --help needs no Ray
 
     r = measure_delivery(
         a.num_samples,
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def _chapters(a: argparse.Namespace) -> dict:
-    from pipeline.bench.delivery import measure_chapters
+    from bench.delivery import measure_chapters
 
     try:
         sizes = [int(x) or None for x in a.chapter_tokens.split(",")]

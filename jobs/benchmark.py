@@ -17,9 +17,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from pipeline.bench.plots import plot_all
-from pipeline.bench.render import render_headline, render_markdown
-from pipeline.bench.suite import GPU_METRICS, SuiteOptions, run_suite
+from bench.plots import plot_all
+from bench.render import render_headline, render_markdown
+from bench.suite import GPU_METRICS, SuiteOptions, run_suite
 from pipeline.core.synthetic import PRESETS
 
 PROG = "python -m jobs.benchmark"

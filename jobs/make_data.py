@@ -10,8 +10,8 @@ import json
 import sys
 
 from jobs._cli import count
-from pipeline.core.corpus import write_corpus
 from pipeline.core.synthetic import PRESETS
+from pipeline.data.corpus import write_corpus
 
 PROG = "python -m jobs.make_data"
 

@@ -1,7 +1,7 @@
 """Build the real-text corpus: `python -m jobs.make_text --preset pystdlib --out DIR`.
 
 This Python's standard-library source split into functions, methods and class headers, byte
-tokens (vocab 259) or a local tokenizer.json; see pipeline/core/textcorpus.py.
+tokens (vocab 259) or a local tokenizer.json; see pipeline/data/textcorpus.py.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from pipeline.core.textcorpus import TEXT_PRESETS, write_text_corpus
+from pipeline.data.textcorpus import TEXT_PRESETS, write_text_corpus
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -22,6 +22,9 @@ from pathlib import Path
 import numpy as np
 from pydantic import ValidationError
 
+from bench.report import build_report
+from bench.report_plot import plot_frontier, plot_report
+from bench.report_text import render_text
 from jobs._cli import count
 from jobs._plan_inputs import (
     DEFAULT_MAX_LENGTH,
@@ -40,10 +43,9 @@ from pipeline.core.config import (
     PlanConfig,
     parse_edges,
 )
-from pipeline.core.frontier import FrontierPoint, frontier_ks, plot_frontier
+from pipeline.core.frontier import FrontierPoint, frontier_ks
 from pipeline.core.metrics import truncation_counts
 from pipeline.core.packing import PackingSpec, attention_width_for, pack_epoch
-from pipeline.core.report import build_report, plot_report, render_text
 from pipeline.core.synthetic import PRESETS
 
 PROG = "python -m jobs.plan_buckets"

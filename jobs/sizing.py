@@ -2,7 +2,7 @@
 
 For each corpus size of the seed-calibrated preset, one chapter size and the default data
 settings (row cache on, lead-in on), measures on this machine with the feeder and two
-consumers (pipeline/bench/first_step.py, the machinery of BENCHMARKS.md section 4): length
+consumers (bench/first_step.py, the machinery of BENCHMARKS.md section 4): length
 index build, edges and epoch plan, the first chapter prepared from parquet while the row cache
 fills (cold) and again from the filled cache (warm), the row cache's size on disk, the first
 step cold and warm, the feeder's peak RSS, the object store's peak and the preparation rate.
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(n < 1000 for n in sizes):
         print(f"{PROG}: error: --samples must be >= 1000", file=sys.stderr)
         return 2
-    from pipeline.bench.first_step import measure_first_steps
+    from bench.first_step import measure_first_steps
 
     path = Path(a.json)
     results = json.loads(path.read_text()) if path.is_file() else {}

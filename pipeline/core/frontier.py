@@ -6,8 +6,9 @@ micro-batch of m samples holds m(m-1)/2 pairs, and each pair shared a micro-batc
 with probability ~(m' - 1)/(n - 1) (m' the bucket's mean micro-batch size, n its samples), so the
 expected share of micro-batches repeating a pair -- the recomposition chance floor -- is the
 mean of 1 - exp(-m(m-1)/2 x (m'-1)/(n-1)) over non-empty micro-batches (at world size 1 this is
-`pipeline.bench.quality.expected_recomposition`). `plan_point` scores one K on a real epoch-0
-plan (padding efficiency, steps, floor); `frontier` sweeps K; `plot_frontier` draws it.
+`bench.quality.expected_recomposition`). `plan_point` scores one K on a real epoch-0
+plan (padding efficiency, steps, floor); `frontier` sweeps K (`bench.report_plot.plot_frontier`
+draws it).
 """
 
 from __future__ import annotations
@@ -98,33 +99,3 @@ def frontier(
     if table is None or max(table.edges) < ks[-1]:
         table = optimize_all(lengths, ks[-1])
     return [plan_point(lengths, table.for_k(k), batching, plan_cfg, world_size) for k in ks]
-
-
-def plot_frontier(
-    points: list[FrontierPoint], path, *, chosen: int | None = None, title=""
-) -> None:
-    """PNG: padding efficiency and recomposition floor against K (left), steps per epoch (right)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    k = [p.k for p in points]
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    ax.plot(k, [p.efficiency for p in points], "o-", color="#4477aa", label="padding efficiency")
-    ax.plot(k, [p.floor for p in points], "s-", color="#cc3311", label="recomposition floor")
-    ax.set_xlabel("buckets K")
-    ax.set_ylim(0, 1.02)
-    ax.grid(alpha=0.3)
-    ax2.plot(k, [p.steps for p in points], "o-", color="#228833")
-    ax2.set_xlabel("buckets K")
-    ax2.set_ylabel("global steps per epoch")
-    ax2.grid(alpha=0.3)
-    if chosen is not None:
-        for a in (ax, ax2):
-            a.axvline(chosen, color="#222222", linewidth=0.8, linestyle="--")
-    ax.legend(loc="center right")
-    fig.suptitle(title or "K trade-off: padding vs recomposition vs steps", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

@@ -65,7 +65,7 @@ class SyntheticConfig(_Section):
         "seed902k",
         description="seed902k: the seed-calibrated synthetic lengths (pipeline.core.synthetic); "
         "pystdlib: real text, this Python's standard library split into functions, byte tokens "
-        "(vocab 259), see pipeline/core/textcorpus.py.",
+        "(vocab 259), see pipeline/data/textcorpus.py.",
     )
     num_samples: PositiveInt = Field(
         20_000,

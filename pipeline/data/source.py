@@ -7,8 +7,8 @@ import os
 from dataclasses import dataclass
 
 from pipeline.core.config import RunConfig
-from pipeline.core.corpus import corpus_is_current, write_corpus
-from pipeline.core.textcorpus import TEXT_PRESETS, text_corpus_is_current, write_text_corpus
+from pipeline.data.corpus import corpus_is_current, write_corpus
+from pipeline.data.textcorpus import TEXT_PRESETS, text_corpus_is_current, write_text_corpus
 
 __all__ = ["DataOptions", "check_complete_output", "data_options", "resolve_data_path", "top_edge"]
 

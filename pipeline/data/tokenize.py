@@ -33,9 +33,9 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from pipeline.core.corpus import READS_NOTE, ROW_GROUP_ROWS, token_table
-from pipeline.core.textcorpus import stable_id
+from pipeline.data.corpus import READS_NOTE, ROW_GROUP_ROWS, token_table
 from pipeline.data.index import filesystem_for
+from pipeline.data.textcorpus import stable_id
 
 __all__ = [
     "MARKER",

@@ -18,7 +18,6 @@ import ray
 
 from pipeline.core.collate import IGNORE_INDEX
 from pipeline.core.config import RunConfig
-from pipeline.core.corpus import MARKER
 from pipeline.data import (
     build_length_index,
     epoch_plan_for,
@@ -27,6 +26,7 @@ from pipeline.data import (
     resolve_edges,
     start_feeder,
 )
+from pipeline.data.corpus import MARKER
 
 pytestmark = pytest.mark.ray
 

@@ -98,7 +98,7 @@ def test_plan_buckets_on_data_ignores_a_dead_address_file(tmp_path, stale_addres
     import subprocess
     import sys
 
-    from pipeline.core.corpus import write_corpus
+    from pipeline.data.corpus import write_corpus
 
     write_corpus(tmp_path / "d", num_samples=50, shards=1, vocab_size=64, progress=False)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -209,8 +209,8 @@ def test_a_refused_resume_names_the_shard_that_changed(cluster, tmp_path, capsys
     """A shard rewritten after a checkpoint (one row fewer): the refusal names that shard."""
     import pyarrow.parquet as pq
 
-    from pipeline.core.corpus import write_corpus
     from pipeline.data import build_length_index
+    from pipeline.data.corpus import write_corpus
     from pipeline.train.resume_check import data_file_digests
 
     data = tmp_path / "data"

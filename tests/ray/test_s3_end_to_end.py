@@ -26,8 +26,8 @@ import ray.train
 
 import pipeline.data.index
 from pipeline.core.config import validate
-from pipeline.core.corpus import write_corpus
 from pipeline.data import build_length_index, epoch_plan_for, resolve_edges
+from pipeline.data.corpus import write_corpus
 from pipeline.data.index import filesystem_for
 from pipeline.learn.checkpoint import load_checkpoint
 from pipeline.train.history import StepHistory

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from jobs.tokenize import main as tokenize_main
-from pipeline.core.textcorpus import stable_id
+from pipeline.data.textcorpus import stable_id
 
 pytestmark = pytest.mark.ray
 tokenizers = pytest.importorskip("tokenizers")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.bench.fullbatch import budget_table, hf_fidelity, render_budget
+from bench.fullbatch import budget_table, hf_fidelity, render_budget
 from pipeline.core.synthetic import seed902k_lengths
 
 

@@ -9,18 +9,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jobs.benchmark import build_parser, options
-from pipeline.bench.padding import BATCHINGS, padding_table, planning_costs
-from pipeline.bench.plots import plot_all
-from pipeline.bench.quality import (
+from bench.padding import BATCHINGS, padding_table, planning_costs
+from bench.plots import plot_all
+from bench.quality import (
     expected_recomposition,
     loss_readability,
     recomposition_table,
     repeated_pair_share,
 )
-from pipeline.bench.render import render_headline, render_markdown
-from pipeline.bench.suite import SuiteOptions, machine_info, section_gpu, section_quality
-from pipeline.bench.training import (
+from bench.render import render_headline, render_markdown
+from bench.suite import SuiteOptions, machine_info, section_gpu, section_quality
+from bench.training import (
     POLICIES,
     aggregate_runs,
     policy_overrides,
@@ -28,6 +27,7 @@ from pipeline.bench.training import (
     scaled_edges,
     scaled_lengths,
 )
+from jobs.benchmark import build_parser, options
 from pipeline.core.buckets import assign
 from pipeline.core.config import TEAM_EDGES, BatchingConfig, PlanConfig, load_config
 from pipeline.core.plan import epoch_plan
@@ -418,7 +418,7 @@ def test_the_readme_headline_states_the_real_text_and_the_synthetic_readability(
 
 
 def test_a_whole_epoch_left_out_at_a_larger_corpus_is_said_with_its_size():
-    from pipeline.bench.render import whole_epoch_not_run
+    from bench.render import whole_epoch_not_run
 
     whole = {"chapter_tokens": None, "num_samples": 1000}
     first = [{"num_samples": 1000, "num_tokens": 10**9}, {"num_samples": 2000, "num_tokens": 2e9}]

@@ -51,7 +51,7 @@ def test_more_buckets_than_distinct_lengths_gives_zero_padding():
 
 
 def test_optimize_902k_k32_pads_under_5_percent():
-    # Its speed is measured by the benchmark (pipeline/bench), not asserted here.
+    # Its speed is measured by the benchmark (bench), not asserted here.
     lengths = seed902k_lengths()
     edges = optimize(lengths, 32)
     # To-upper-edge padding efficiency of exact K=32 edges on the calibrated preset.

@@ -183,7 +183,7 @@ def test_a_lead_in_never_imports_ray_data(tmp_path):
     setup = f"""
         import sys
         from pipeline.core.config import RunConfig
-        from pipeline.core.corpus import write_corpus
+        from pipeline.data.corpus import write_corpus
         from pipeline.core.epochs import resolve_edges
         from pipeline.data.feeder import Feeder
         from pipeline.data.index import build_length_index

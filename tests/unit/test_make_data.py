@@ -8,8 +8,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs.make_data import main
-from pipeline.core.corpus import MARKER
 from pipeline.core.synthetic import seed902k_lengths
+from pipeline.data.corpus import MARKER
 
 
 def _read(d):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.bench.packing import packing_table, pair_repeat, render
+from bench.packing import packing_table, pair_repeat, render
 from pipeline.core.synthetic import seed902k_lengths
 
 

@@ -294,7 +294,7 @@ def test_contract4_fewer_samples_than_ranks_gives_empty_microbatches():
 
 
 def test_plan_of_902k_samples_covers_every_sample():
-    # Its speed is measured by the benchmark (pipeline/bench), not asserted here.
+    # Its speed is measured by the benchmark (bench), not asserted here.
     lengths = seed902k_lengths()
     p = epoch_plan(
         lengths, TEAM_EDGES, seed=0, epoch=0, world_size=8, batching=TokenBudgetBatching()

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.bench import render, render_quality
-from pipeline.bench.quality import loss_readability
-from pipeline.bench.realtext import bucket_curves, plot_bucket_curves
+from bench import render, render_quality
+from bench.quality import loss_readability
+from bench.realtext import bucket_curves, plot_bucket_curves
 
 
 def _fake_result(n: int = 60) -> dict:
@@ -64,7 +64,7 @@ def test_the_runs_overrides_load_on_the_default_config(tmp_path):
 
     import yaml
 
-    from pipeline.bench.realtext import realtext_overrides
+    from bench.realtext import realtext_overrides
     from pipeline.core.config import load_config
 
     local = Path(__file__).resolve().parents[2] / "configs" / "local_full.yaml"

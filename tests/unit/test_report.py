@@ -14,13 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobs.plan_buckets import main
-from pipeline.core import epochs
-from pipeline.core.buckets import optimize_all
-from pipeline.core.config import TEAM_EDGES, FixedBatching, TokenBudgetBatching, load_config
-from pipeline.core.metrics import truncation_counts
-from pipeline.core.plan import epoch_plan
-from pipeline.core.report import (
+from bench.policies import (
     auto_search,
     compare_policies,
     fixed_batch_size,
@@ -28,6 +22,12 @@ from pipeline.core.report import (
     order_score,
     plan_score,
 )
+from jobs.plan_buckets import main
+from pipeline.core import epochs
+from pipeline.core.buckets import optimize_all
+from pipeline.core.config import TEAM_EDGES, FixedBatching, TokenBudgetBatching, load_config
+from pipeline.core.metrics import truncation_counts
+from pipeline.core.plan import epoch_plan
 from pipeline.core.synthetic import seed902k_lengths
 
 ROOT = Path(__file__).resolve().parents[2]

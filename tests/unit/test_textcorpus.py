@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs.make_text import main
-from pipeline.core.textcorpus import (
+from pipeline.data.textcorpus import (
     BOS_ID,
     EOS_ID,
     MANIFEST,

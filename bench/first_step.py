@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from pipeline.bench.delivery import _RssPeak, _StorePeak, write_corpus
+from bench.delivery import RssPeak, StorePeak
 from pipeline.core.chapters import (
     chapter_read_bytes,
     lead_in_bounds,
@@ -39,6 +39,7 @@ from pipeline.core.chapters import (
 from pipeline.core.config import RunConfig
 from pipeline.core.epochs import epoch_plan_for, resolve_edges
 from pipeline.data import build_length_index, rank_batches, start_feeder, stop_feeder
+from pipeline.data.corpus import write_corpus
 from pipeline.data.rowcache import RowCache
 
 __all__ = ["measure_first_steps", "read_amplification"]
@@ -109,12 +110,12 @@ def _run(cfg, index, edges, path, start, stop, consumers) -> dict:
 
     pool = [ray.remote(num_cpus=0)(_Consumer).remote() for _ in range(consumers)]
     ray.get([c.warm.remote() for c in pool])
-    with _StorePeak() as store:
+    with StorePeak() as store:
         t0 = time.time()
         feeder = start_feeder(cfg, index, edges, name=FEEDER, path=path, prefetch=True)
         calls = [c.consume.remote(FEEDER, r, consumers, start, stop) for r, c in enumerate(pool)]
         pid = ray.get(feeder.__ray_call__.remote(lambda self: os.getpid()))
-        rss = _RssPeak([pid, os.getpid()])
+        rss = RssPeak([pid, os.getpid()])
         res = ray.get(calls)
         hist = ray.get(feeder.history.remote())
         feeder_rss, driver_rss = rss.close()

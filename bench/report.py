@@ -1,8 +1,9 @@
 """Padding report: the bucket report of one set of sample lengths (a JSON-ready dict).
 
 The chosen edges (given, optimal for K, or `auto`), their epoch plan, per-bucket sizes and the
-policy table scored by `pipeline.core.policies` (re-exported here). Text rendering lives in
-`report_text`, the PNG in `report_plot`; both are re-exported here too. Pure numpy.
+policy table scored by `bench.policies` (the policies, their scores and `auto_search` are
+imported from there). The text rendering is `report_text.render_text`, the PNG
+`report_plot.plot_report`. Pure numpy.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import asdict
 
 import numpy as np
 
+from bench.policies import PolicyScore, auto_search, compare_policies, fixed_batch_size
 from pipeline.core.buckets import EdgeTable, optimize_all, padded_to_edges
 from pipeline.core.config import TEAM_EDGES, Batching, PlanConfig
 from pipeline.core.frontier import frontier
@@ -21,44 +23,8 @@ from pipeline.core.plan import (
     epoch_plan,
     global_batch_sizes,
 )
-from pipeline.core.policies import (
-    MEGABATCH_MULT,
-    POLICY_LABELS,
-    AutoResult,
-    PolicyScore,
-    auto_search,
-    compare_policies,
-    fixed_batch_size,
-    megabatch_order,
-    order_score,
-    plan_score,
-    policy_label,
-    random_order,
-    sorted_order,
-)
-from pipeline.core.report_plot import plot_report
-from pipeline.core.report_text import render_text, truncation_line
 
-__all__ = [
-    "MEGABATCH_MULT",
-    "POLICY_LABELS",
-    "policy_label",
-    "PolicyScore",
-    "AutoResult",
-    "fixed_batch_size",
-    "sorted_order",
-    "random_order",
-    "megabatch_order",
-    "order_score",
-    "plan_score",
-    "compare_policies",
-    "auto_search",
-    "bucket_rows",
-    "build_report",
-    "render_text",
-    "truncation_line",
-    "plot_report",
-]
+__all__ = ["bucket_rows", "build_report"]
 
 DEFAULT_COMPARE_KS = (6, 16, 32, 64)
 

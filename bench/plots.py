@@ -173,7 +173,7 @@ def plot_all(results: dict, out_dir: str | Path) -> list[str]:
             plot_loss(tr, bucketed, out / "loss.png")
             written.append(out / "loss.png")
     if "realtext" in tr:
-        from pipeline.bench.realtext import plot_bucket_curves
+        from bench.realtext import plot_bucket_curves
 
         written.append(plot_bucket_curves(tr["realtext"], out / "realtext_bucket_loss.png"))
     if results.get("quality", {}).get("recomposition"):

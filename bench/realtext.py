@@ -3,7 +3,7 @@
 The synthetic corpus is equally predictable at every length, so its buckets have no loss offset
 and `train/loss_debiased` has nothing to remove. Here the tiny decoder trains on the `pystdlib`
 corpus (this Python's standard library split into functions, byte tokens; see
-pipeline/core/textcorpus.py), where a bucket's loss depends on its lengths, through the real
+pipeline/data/textcorpus.py), where a bucket's loss depends on its lengths, through the real
 `pipeline.train.launch.run` with optimal bucket edges, the config's own token budget (the
 batches `make demo` trains on) and one metrics line per step. Reported:
 
@@ -13,7 +13,7 @@ batches `make demo` trains on) and one metrics line per step. Reported:
   (no running estimate), plus each bucket's mean loss over the second half of the run and its
   correlation with the bucket index.
 
-    python -m pipeline.bench.realtext --out benchmarks/realtext [--max-steps 300]
+    python -m bench.realtext --out benchmarks/realtext [--max-steps 300]
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.bench.quality import loss_readability
-from pipeline.bench.training import run_summary
+from bench.quality import loss_readability
+from bench.training import run_summary
 from pipeline.core.config import load_config
-from pipeline.core.textcorpus import BYTE_VOCAB, write_text_corpus
+from pipeline.data.textcorpus import BYTE_VOCAB, write_text_corpus
 
 __all__ = ["bucket_curves", "measure_realtext", "plot_bucket_curves", "realtext_overrides"]
 
@@ -203,7 +203,7 @@ def plot_bucket_curves(result: dict, path: str | Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m pipeline.bench.realtext", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m bench.realtext", description=__doc__)
     p.add_argument("--out", default="benchmarks/realtext", help="results.json and the PNG")
     p.add_argument("--work", default="out/bench-realtext", help="corpus, index, runs")
     p.add_argument("--max-steps", type=int, default=300)

@@ -5,7 +5,7 @@ padding efficiency, both relative to the reference a peer would accept (sorted b
 greedily to the same budget, as fairseq's `batch_by_size`), and the steps whose padded slots
 exceed the budget. Rows: that reference; lhotse-style dynamic bucketing (32 equal-mass buckets,
 `max_duration` = budget, its default sum rule and its strict variant); HF `group_by_length`
-(fixed batch budget // longest, the simulation of `pipeline.core.peers`); bucketray at K=32 and
+(fixed batch budget // longest, the simulation of `bench.peers`); bucketray at K=32 and
 auto, before (`fill: fixed_per_bucket`) and after (`fill: greedy`). Plus the HF samplers' fidelity
 (simulated vs the real transformers samplers, when installed) and the planning time of one epoch.
 """
@@ -17,12 +17,12 @@ import warnings
 
 import numpy as np
 
-from pipeline.bench.padding import median_time
+from bench.padding import median_time
+from bench.peers import hf_length_grouped, lhotse_style
 from pipeline.core.buckets import optimize_all
 from pipeline.core.config import BatchingConfig, PlanConfig
 from pipeline.core.epochs import auto_edges
 from pipeline.core.metrics import micro_batch_padded
-from pipeline.core.peers import hf_length_grouped, lhotse_style
 from pipeline.core.plan import EpochPlan, epoch_plan
 
 __all__ = ["budget_table", "hf_fidelity"]
@@ -146,7 +146,7 @@ def hf_fidelity(
 ) -> dict:
     """HF samplers: the simulation vs the real transformers samplers (when installed), and the
     real `BatchRebalanceSampler` (slow: pure Python per global batch, so on a prefix)."""
-    from pipeline.learn import hf_peers
+    from bench import hf_peers
 
     lengths = np.asarray(lengths, dtype=np.int64)
 
@@ -183,7 +183,7 @@ def render_budget(results: dict) -> list[str]:
         "### 1b. Full batches under a token budget",
         "",
         f"Global budget {t['budget']:,} padded tokens per step, {pad['samples']:,} samples, epoch 0 "
-        "(`pipeline.bench.fullbatch`). Fill = padded slots of a step / budget, mean over steps; "
+        "(`bench.fullbatch`). Fill = padded slots of a step / budget, mean over steps; "
         "the reference is sorted batches cut greedily to the same budget (fairseq's "
         "`batch_by_size`). Over budget: steps whose padded slots exceed the budget. Micro / share: "
         "the largest rank micro-batch against budget / world size (greedy batches guarantee each "

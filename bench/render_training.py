@@ -3,11 +3,13 @@ run."""
 
 from __future__ import annotations
 
-from pipeline.bench.plots import TEAM_MEASURED
-from pipeline.bench.render_util import _n, _name, _rel, _table
+from bench.plots import TEAM_MEASURED
+from bench.render_util import plural, policy_name, rel_link, table
+
+__all__ = ["section_training"]
 
 
-def _section_training(r: dict, doc: str, plots: dict) -> list[str]:
+def section_training(r: dict, doc: str, plots: dict) -> list[str]:
     """Section 2: training throughput of every policy on one local Ray cluster."""
     tr = r["training"]
     out = ["## 2. Training throughput, same run", ""]
@@ -26,7 +28,7 @@ def _section_training(r: dict, doc: str, plots: dict) -> list[str]:
         "",
     ]
     if "training" in plots:
-        out += [f"![training throughput]({_rel(plots['training'], doc)})", ""]
+        out += [f"![training throughput]({rel_link(plots['training'], doc)})", ""]
     out += _token_budget_table(tr)
     return out
 
@@ -52,7 +54,7 @@ def _training_intro(tr: dict, cores: int) -> list[str]:
         f"samples; `pad_to_multiple_of` is 1 here, since rounding scaled lengths up to 8 "
         f"would be like rounding full-scale lengths up to {8 / tr['scale']:.0f}.",
         "",
-        f"{_n(tr['repeats'], 'round')}, the policy order rotated each round; figures are medians over "
+        f"{plural(tr['repeats'], 'round')}, the policy order rotated each round; figures are medians over "
         f"rounds, and the ratio to sorted is taken within each round before the median. Real "
         f"tokens/s = real tokens / wall time of the steps, from `train.metrics_file` "
         f"(`train.log_every=1`), leaving out the first {tr['warmup_steps_excluded']} steps of "
@@ -73,7 +75,7 @@ def _training_table(tr: dict) -> list[str]:
     for name, p in tr["policies"].items():
         rows.append(
             [
-                _name(name, p["num_buckets"]),
+                policy_name(name, p["num_buckets"]),
                 f"{p['num_buckets']}",
                 f"{p['steps']}",
                 f"{p['real_tokens_per_s'] / 1e3:.1f}",
@@ -85,7 +87,7 @@ def _training_table(tr: dict) -> list[str]:
                 f"{TEAM_MEASURED[name]:.3f}" if name in TEAM_MEASURED else "",
             ]
         )
-    return _table(
+    return table(
         [
             "policy",
             "K",
@@ -118,7 +120,7 @@ def _gpu_row(gpu: dict) -> list[str]:
             f"{gpu['wait_fraction']:.3f}, padding {gpu['padding_efficiency']:.3f} (no sorted "
             "baseline on the GPU: ratio not measured)"
         )
-    return _table(["GPU row", "result"], [["bucketed on GPU (`scripts/gpu_smoke.sh`)", g]])
+    return table(["GPU row", "result"], [["bucketed on GPU (`scripts/gpu_smoke.sh`)", g]])
 
 
 def _token_budget_table(tr: dict) -> list[str]:
@@ -128,7 +130,7 @@ def _token_budget_table(tr: dict) -> list[str]:
         return []
     rows = [
         [
-            _name(n, p["num_buckets"]),
+            policy_name(n, p["num_buckets"]),
             f"{p['steps']}",
             f"{p['real_tokens_per_s'] / 1e3:.1f}",
             f"{p['vs_sorted']:.2f}",
@@ -141,18 +143,18 @@ def _token_budget_table(tr: dict) -> list[str]:
     ref = f" against sorted's {pol['sorted']['steps']}" if "sorted" in pol else ""
     out = [
         f"Also under a token budget of {tb['batching']['token_budget']:,} padded tokens per "
-        f"step ({_n(tb['repeats'], 'round')}): every policy's global batches are cut greedily "
+        f"step ({plural(tb['repeats'], 'round')}): every policy's global batches are cut greedily "
         "to the budget (`batching.fill: greedy`), sorted included. At this reduced scale "
         f"({tb['num_samples']:,} samples, {pol[most]['tokens']:,} tokens) an epoch is only "
         f"{pol[most]['tokens'] / tb['batching']['token_budget']:.1f} budgets, so the partial "
         "batch that ends each bucket weighs heavily: "
         f"{pol[most]['steps']} steps for the {pol[most]['num_buckets']} buckets of "
-        f"{_name(most, pol[most]['num_buckets'])}{ref}. The ratios then mix padding with "
+        f"{policy_name(most, pol[most]['num_buckets'])}{ref}. The ratios then mix padding with "
         "per-step overhead and are not a padding comparison; section 1b has the step counts "
         "at full scale.",
         "",
     ]
-    out += _table(["policy", "steps", "real Ktok/s", "vs sorted", "padding eff."], rows)
+    out += table(["policy", "steps", "real Ktok/s", "vs sorted", "padding eff."], rows)
     return out
 
 

@@ -20,13 +20,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.core.config import RunConfig
-from pipeline.core.corpus import write_corpus
 from pipeline.core.epochs import epoch_plan_for, resolve_edges
 from pipeline.data import deliver, rank_batches, start_feeder, stop_feeder
 from pipeline.data.connect import connect
+from pipeline.data.corpus import write_corpus
 from pipeline.data.index import build_length_index, filesystem_for, list_shards
 
-__all__ = ["measure_delivery", "baseline_delivery", "measure_chapters"]
+__all__ = ["measure_delivery", "baseline_delivery", "measure_chapters", "StorePeak", "RssPeak"]
 
 
 def _consume(name: str, epoch: int, rank: int, world: int) -> dict:
@@ -219,7 +219,7 @@ def _consume_timed(name: str, epoch: int, rank: int, world: int) -> dict:
     return {"first": first, "end": time.time(), "real": real, "batches": batches}
 
 
-class _StorePeak:
+class StorePeak:
     """Polls the object store's bytes in use (all nodes) in a thread; `peak` above the start.
 
     Reads the raylets' store stats through `ray._private.internal_api`, the call behind
@@ -283,7 +283,7 @@ def _rss(pid: int) -> tuple[int, int]:
     return got["VmRSS:"], got["RssAnon:"]
 
 
-class _RssPeak:
+class RssPeak:
     """Polls the peak RSS of some processes (by pid) in a thread; `anon` holds the peaks of
     their private memory."""
 
@@ -350,12 +350,12 @@ def measure_chapters(
             index = build_length_index(cfg)
             edges = resolve_edges(cfg, index.lengths)
             name = "bucketray-bench-chapters"
-            with _StorePeak() as store:
+            with StorePeak() as store:
                 t0 = time.time()
                 feeder = start_feeder(cfg, index, edges, name=name, path=data_dir, prefetch=True)
                 calls = [consume.remote(name, 0, r, consumers) for r in range(consumers)]
                 pid = ray.get(feeder.__ray_call__.remote(lambda self: os.getpid()))
-                rss = _RssPeak([pid, os.getpid()])
+                rss = RssPeak([pid, os.getpid()])
                 res = ray.get(calls)
                 hist = ray.get(feeder.history.remote())
                 held = ray.get(feeder.memory.remote())

@@ -1,11 +1,14 @@
-"""The padding report (`pipeline.core.report.build_report`) as a PNG; matplotlib is imported
-lazily, inside the function, so importing this module costs nothing."""
+"""The padding report (`bench.report.build_report`) and the K frontier
+(`pipeline.core.frontier.frontier`) as PNGs; matplotlib is imported lazily, inside the functions,
+so importing this module costs nothing."""
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["plot_report"]
+from pipeline.core.frontier import FrontierPoint
+
+__all__ = ["plot_report", "plot_frontier"]
 
 
 def plot_report(report: dict, lengths: np.ndarray, path) -> None:
@@ -64,6 +67,36 @@ def plot_report(report: dict, lengths: np.ndarray, path) -> None:
     ax2.set_ylabel("padding share per bucket (%)")
     ax2.set_xlabel("sample length (tokens)")
     ax2.set_xlim(0, top * 1.01)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_frontier(
+    points: list[FrontierPoint], path, *, chosen: int | None = None, title=""
+) -> None:
+    """PNG: padding efficiency and recomposition floor against K (left), steps per epoch (right)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    k = [p.k for p in points]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    ax.plot(k, [p.efficiency for p in points], "o-", color="#4477aa", label="padding efficiency")
+    ax.plot(k, [p.floor for p in points], "s-", color="#cc3311", label="recomposition floor")
+    ax.set_xlabel("buckets K")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax2.plot(k, [p.steps for p in points], "o-", color="#228833")
+    ax2.set_xlabel("buckets K")
+    ax2.set_ylabel("global steps per epoch")
+    ax2.grid(alpha=0.3)
+    if chosen is not None:
+        for a in (ax, ax2):
+            a.axvline(chosen, color="#222222", linewidth=0.8, linestyle="--")
+    ax.legend(loc="center right")
+    fig.suptitle(title or "K trade-off: padding vs recomposition vs steps", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -1,16 +1,36 @@
-"""Shared pieces of the BENCHMARKS.md renderers: goals, policy names and Markdown helpers."""
+"""Shared pieces of the BENCHMARKS.md renderers: goals, policy names and Markdown helpers.
+
+The seam between the section renderers (`render`, `render_training`, `render_quality`,
+`render_first_step`): they share only what `__all__` names here, and each exports its sections.
+"""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+__all__ = [
+    "GOAL_VS_SORTED",
+    "RECOMPOSITION_TARGET",
+    "READABILITY_GOAL",
+    "POLICY_NAMES",
+    "pct",
+    "num",
+    "table",
+    "policy_name",
+    "plural",
+    "thousands",
+    "rel_link",
+    "by_name",
+    "rss_pair",
+]
+
 # The bucketed policy's throughput goal, and the recomposition target.
 GOAL_VS_SORTED = 0.93
 RECOMPOSITION_TARGET = 0.01
 # Real text: the bucket-debiased loss should vary at most half as much step to step as the raw.
 READABILITY_GOAL = 0.5
-_NAMES = {
+POLICY_NAMES = {
     "sorted": "sorted-static",
     "random": "random",
     "megabatch": "megabatch (HF `group_by_length`)",
@@ -18,41 +38,41 @@ _NAMES = {
 }
 
 
-def _pct(x: float | None, digits: int = 1) -> str:
+def pct(x: float | None, digits: int = 1) -> str:
     return "n/a" if x is None else f"{100 * x:.{digits}f}%"
 
 
-def _f(x: float | None, fmt: str = ".3f") -> str:
+def num(x: float | None, fmt: str = ".3f") -> str:
     return "n/a" if x is None else format(x, fmt)
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(r) + " |" for r in rows]
     return out + [""]
 
 
-def _name(name: str, auto_k: int | None = None) -> str:
+def policy_name(name: str, auto_k: int | None = None) -> str:
     if name == "optimal:auto":
         return f"optimal edges, auto (K={auto_k})" if auto_k else "optimal edges, auto"
     if name.startswith("optimal:"):
         return f"optimal edges, K={name.split(':')[1]}"
-    return _NAMES.get(name, name)
+    return POLICY_NAMES.get(name, name)
 
 
-def _n(n: int, noun: str) -> str:
+def plural(n: int, noun: str) -> str:
     return f"{n} {noun}{'s' if n != 1 else ''}"
 
 
-def _k(n: int) -> str:
+def thousands(n: int) -> str:
     return f"{n / 1000:.0f}K" if n >= 10_000 else f"{n:,}"
 
 
-def _rel(path: str, doc: str) -> str:
+def rel_link(path: str, doc: str) -> str:
     return os.path.relpath(path, Path(doc).parent or ".")
 
 
-def _by_name(rows: list[dict]) -> dict:
+def by_name(rows: list[dict]) -> dict:
     return {x["name"]: x for x in rows}
 
 

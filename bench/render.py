@@ -1,30 +1,31 @@
 """BENCHMARKS.md from the suite's results dict: every number in the document comes from it.
 
-Sections 2 and 3 live in `render_training` and `render_quality`; the shared goals, names and
-Markdown helpers in `render_util`.
+Sections 2 and 3 live in `render_training` and `render_quality`, the time to the first step in
+`render_first_step`; the shared goals, names and Markdown helpers in `render_util` (the only
+names the renderers share are the public ones those modules export).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.bench.fullbatch import render_budget
-from pipeline.bench.plots import TEAM_KTOK_S, TEAM_MEASURED
-from pipeline.bench.render_first_step import section_first_steps
-from pipeline.bench.render_quality import _section_quality
-from pipeline.bench.render_training import _section_training
-from pipeline.bench.render_util import (
+from bench.fullbatch import render_budget
+from bench.plots import TEAM_KTOK_S, TEAM_MEASURED
+from bench.render_first_step import section_first_steps
+from bench.render_quality import section_quality
+from bench.render_training import section_training
+from bench.render_util import (
     GOAL_VS_SORTED,
     READABILITY_GOAL,
     RECOMPOSITION_TARGET,
-    _by_name,
-    _k,
-    _n,
-    _name,
-    _pct,
-    _rel,
-    _table,
+    by_name,
+    pct,
+    plural,
+    policy_name,
+    rel_link,
     rss_pair,
+    table,
+    thousands,
 )
 
 __all__ = ["render_markdown", "render_headline", "GOAL_VS_SORTED", "RECOMPOSITION_TARGET"]
@@ -47,20 +48,22 @@ def _headline(r: dict) -> list[str]:
         rc = recomp.get(name)
         rows.append(
             [
-                f"**{_name(name, auto_k)}**" if name == "optimal:auto" else _name(name, auto_k),
+                f"**{policy_name(name, auto_k)}**"
+                if name == "optimal:auto"
+                else policy_name(name, auto_k),
                 f"{p['vs_sorted']:.3f}",
                 train,
                 f"{TEAM_MEASURED[name]:.3f}"
                 if name in TEAM_MEASURED
                 else ("1.000" if name == "sorted" else ""),
-                _pct(rc["recomposition"]) if rc else "n/a",
-                _pct(rc["repeated_pairs"], 3) if rc else "n/a",
+                pct(rc["recomposition"]) if rc else "n/a",
+                pct(rc["repeated_pairs"], 3) if rc else "n/a",
             ]
         )
-    return _table(
+    return table(
         [
             "policy",
-            f"padding eff. vs sorted ({_k(r['padding']['samples'])}, B=32)",
+            f"padding eff. vs sorted ({thousands(r['padding']['samples'])}, B=32)",
             "train real tok/s vs sorted (CPU)",
             "team measured tok/s vs sorted",
             "recomposition e0→e1 (B=32)",
@@ -78,8 +81,8 @@ def _verdicts(r: dict) -> list[str]:
         met = "met" if v >= GOAL_VS_SORTED else "not met"
         out.append(
             f"- Throughput goal (bucketed >= {GOAL_VS_SORTED} of sorted-static): **{met}** — "
-            f"{v:.2f} in training on CPU (median of {_n(r['training']['repeats'], 'round')}), "
-            f"{_by_name(r['padding']['batchings']['B32']['policies'])['optimal:auto']['vs_sorted']:.3f}"
+            f"{v:.2f} in training on CPU (median of {plural(r['training']['repeats'], 'round')}), "
+            f"{by_name(r['padding']['batchings']['B32']['policies'])['optimal:auto']['vs_sorted']:.3f}"
             " in simulated "
             f"padding on the {r['padding']['samples']:,}-sample preset."
         )
@@ -89,12 +92,12 @@ def _verdicts(r: dict) -> list[str]:
     if ours and rnd:
         met = "met" if ours["recomposition"] < RECOMPOSITION_TARGET else "not met"
         out.append(
-            f"- Recomposition target (< {_pct(RECOMPOSITION_TARGET, 0)} of micro-batches repeating "
-            f"a pair): **{met}** — {_pct(ours['recomposition'])} for the auto edges at B=32, "
-            f"against a chance floor of {_pct(ours['chance_floor'])} for those bucket sizes; even "
-            f"a full random shuffle measures {_pct(rnd['recomposition'])} (floor "
-            f"{_pct(rnd['chance_floor'])}). Pair-level, {_pct(ours['repeated_pairs'], 3)} of "
-            f"sample pairs meet again (sorted-static: {_pct(rows['sorted']['repeated_pairs'], 0)})."
+            f"- Recomposition target (< {pct(RECOMPOSITION_TARGET, 0)} of micro-batches repeating "
+            f"a pair): **{met}** — {pct(ours['recomposition'])} for the auto edges at B=32, "
+            f"against a chance floor of {pct(ours['chance_floor'])} for those bucket sizes; even "
+            f"a full random shuffle measures {pct(rnd['recomposition'])} (floor "
+            f"{pct(rnd['chance_floor'])}). Pair-level, {pct(ours['repeated_pairs'], 3)} of "
+            f"sample pairs meet again (sorted-static: {pct(rows['sorted']['repeated_pairs'], 0)})."
         )
     out += _realtext_verdict(r)
     return out + [""]
@@ -129,7 +132,7 @@ def _steps_note(r: dict) -> str:
     """Why training can trail padding for many buckets at reduced scale: more, partial steps."""
     tr = r["training"]["policies"]
     ours, srt = tr["optimal:auto"], tr["sorted"]
-    pad = _by_name(r["padding"]["batchings"]["B32"]["policies"])
+    pad = by_name(r["padding"]["batchings"]["B32"]["policies"])
     full = pad["optimal:auto"]["micro_batches"] / pad["sorted"]["micro_batches"] - 1
     return (
         f"  At this reduced scale the auto edges' padding is {ours['padding_efficiency'] / srt['padding_efficiency']:.3f} "
@@ -146,7 +149,7 @@ def _section_padding(r: dict) -> list[str]:
         "## 1. Padding and planning",
         "",
         f"Simulated on the seed-calibrated preset ({pad['samples']:,} samples, {pad['tokens']:,} "
-        "tokens; `pipeline.core.report.compare_policies`, the simulator behind `jobs.plan_buckets`). "
+        "tokens; `bench.policies.compare_policies`, the simulator behind `jobs.plan_buckets`). "
         "Efficiency = real tokens / padded slots, each micro-batch padded to its longest sample "
         "rounded up to 8; one rank, so a global batch is one micro-batch. Under a token budget "
         "sorted and random are cut greedily to the budget like the bucketed plans (`batching.fill: "
@@ -168,11 +171,11 @@ def _section_padding(r: dict) -> list[str]:
     for p in first["policies"]:
         row = [p["label"] if p["name"] != "optimal:auto" else "optimal edges, auto"]
         for b in blocks.values():
-            q = _by_name(b["policies"])[p["name"]]
+            q = by_name(b["policies"])[p["name"]]
             k = f" (K={b['auto']['k']})" if q["name"] == "optimal:auto" else ""
             row += [f"{q['efficiency']:.4f}{k}", f"{q['vs_sorted']:.3f}"]
         rows.append(row)
-    out += _table(header, rows)
+    out += table(header, rows)
     auto = first["auto"]
     out += [
         f"`auto` is the smallest K whose simulated efficiency reaches the target "
@@ -182,7 +185,7 @@ def _section_padding(r: dict) -> list[str]:
     ]
     c = pad["costs"]
     out += [
-        f"Planning cost (median of {_n(c['repeats'], 'run')}): exact-DP edges for K={c['k']} "
+        f"Planning cost (median of {plural(c['repeats'], 'run')}): exact-DP edges for K={c['k']} "
         f"(`buckets.optimize`) and one bucketed epoch plan (`plan.epoch_plan`, token budget "
         f"{c['batching']['token_budget']:,}, {c['world_size']} ranks).",
         "",
@@ -198,7 +201,7 @@ def _section_padding(r: dict) -> list[str]:
         ]
         for s in sizes.values()
     ]
-    out += _table(["samples", "tokens", "optimize K=32 (s)", "epoch plan (s)", "steps"], rows)
+    out += table(["samples", "tokens", "optimize K=32 (s)", "epoch plan (s)", "steps"], rows)
     if "scaled" in sizes:
         a, b = sizes["preset"], sizes["scaled"]
         n = b["samples"] / a["samples"]
@@ -294,7 +297,7 @@ def _section_delivery(r: dict) -> list[str]:
     if "skipped" in d:
         return out + [f"Skipped: {d['skipped']}.", ""]
     out += [
-        "`pipeline.bench.delivery.measure_delivery` (as `python -m jobs.bench_data`): the Ray path "
+        "`bench.delivery.measure_delivery` (as `python -m jobs.bench_data`): the Ray path "
         "training uses (length index, edges, the feeder's plan-keyed sort and split), consumed "
         "by 2 Ray tasks padding micro-batches to torch tensors, against a one-process "
         "pyarrow+numpy baseline doing the same gathering and padding. Medians over epochs. "
@@ -318,7 +321,7 @@ def _section_delivery(r: dict) -> list[str]:
                 "cached" if x["generate_s"] == 0 else f"{x['generate_s']:.0f}",
             ]
         )
-    out += _table(
+    out += table(
         [
             "samples",
             "tokens",
@@ -340,14 +343,14 @@ def _section_delivery(r: dict) -> list[str]:
     if chapters:
         out += [
             "",
-            "Chapters (`pipeline.bench.delivery.measure_chapters`): one cold epoch as training "
+            "Chapters (`bench.delivery.measure_chapters`): one cold epoch as training "
             "runs it (feeder prefetching, consumers asking at once), whole and in chapters, each "
             "on an empty row cache (the first chapter fills it). The "
             "object store peak is above its level before the feeder started; spilled: bytes Ray "
             "spilled to disk during the epoch.",
             "",
         ]
-        out += _table(
+        out += table(
             [
                 "samples",
                 "chapter tokens",
@@ -383,7 +386,7 @@ def _section_run(r: dict) -> list[str]:
     if o["training"]:
         reduced.append(
             f"section 2 on {o['train_samples']:,} samples with lengths scaled to max "
-            f"{o['train_max_length']} (see section 2), {_n(o['train_repeats'], 'round')}"
+            f"{o['train_max_length']} (see section 2), {plural(o['train_repeats'], 'round')}"
         )
     if o["delivery"] and 902_087 not in o["delivery_samples"]:
         reduced.append(
@@ -431,7 +434,7 @@ def render_markdown(
         f"{', with uncommitted changes' if mc['git_dirty'] else ''}). Nothing below is typed by "
         "hand: every figure comes from "
         + (
-            f"[`{_rel(json_path, doc_path)}`]({_rel(json_path, doc_path)})"
+            f"[`{rel_link(json_path, doc_path)}`]({rel_link(json_path, doc_path)})"
             if json_path
             else "the run"
         )
@@ -451,17 +454,17 @@ def render_markdown(
         "Training: the tiny model on 2 CPU workers at reduced scale (section 2); its optimal "
         "edges come from `auto` on that smaller corpus, hence a different K. Team measured: "
         "the team's own run ("
-        + ", ".join(f"{_name(k)} {v:g} Ktok/s" for k, v in TEAM_KTOK_S.items())
+        + ", ".join(f"{policy_name(k)} {v:g} Ktok/s" for k, v in TEAM_KTOK_S.items())
         + " on their 902,087-sample run).",
         "",
     ]
     out += _verdicts(results)
     if "padding" in plots:
-        out += [f"![padding]({_rel(plots['padding'], doc_path)})", ""]
+        out += [f"![padding]({rel_link(plots['padding'], doc_path)})", ""]
     out += _section_padding(results)
     out += render_budget(results)
-    out += _section_training(results, doc_path, plots)
-    out += _section_quality(results, doc_path, plots)
+    out += section_training(results, doc_path, plots)
+    out += section_quality(results, doc_path, plots)
     out += _section_delivery(results)
     out += _section_run(results)
     return "\n".join(out)

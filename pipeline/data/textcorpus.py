@@ -17,7 +17,7 @@ sample is [BOS, utf-8 bytes + 3, EOS] and the vocabulary is 259 (`BYTE_VOCAB`). 
 encoded with it instead, without special tokens added.
 
 Sample ids are a 62-bit hash of (file path relative to the stdlib, first line): stable for an
-unchanged definition whatever else changes. Shards have the layout of `pipeline.core.corpus`
+unchanged definition whatever else changes. Shards have the layout of `pipeline.data.corpus`
 (`sample_id` int64, `input_ids` list<int32>); `_manifest.parquet` maps each id to its file, line
 span, kind and name, and the marker records the Python version, because the corpus differs
 between Python versions. Pure: no Ray, no torch.
@@ -38,7 +38,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.core.corpus import ROW_GROUP_ROWS, clear_output, token_table
+from pipeline.data.corpus import ROW_GROUP_ROWS, clear_output, token_table
 
 __all__ = [
     "BYTE_VOCAB",

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.bench.fullbatch import budget_table, hf_fidelity
-from pipeline.bench.padding import BATCHINGS, padding_table, planning_costs
-from pipeline.bench.quality import loss_readability, recomposition_table
-from pipeline.bench.training import POLICIES, measure_training, run_summary
+from bench.fullbatch import budget_table, hf_fidelity
+from bench.padding import BATCHINGS, padding_table, planning_costs
+from bench.quality import loss_readability, recomposition_table
+from bench.training import POLICIES, measure_training, run_summary
 from pipeline.core.synthetic import PRESETS, seed902k_lengths
 
 __all__ = [
@@ -52,7 +52,7 @@ class SuiteOptions:
     train_max_length: int = 512
     train_repeats: int = 3
     train_token_budget_rounds: int = 1  # extra rounds under a token budget (0: skip)
-    realtext_steps: int = 300  # steps on the real-text corpus (pipeline.bench.realtext; 0: skip)
+    realtext_steps: int = 300  # steps on the real-text corpus (bench.realtext; 0: skip)
     delivery: bool = True
     delivery_samples: list[int] = field(default_factory=lambda: [100_000])
     delivery_repeats: int = 3
@@ -63,7 +63,7 @@ class SuiteOptions:
     # too: memory against corpus size, with and without chapters (None in measure_chapters).
     chapter_samples: list[int] = field(default_factory=lambda: [PRESETS["seed902k"]])
     # Time to the first step, cold and after a restart mid-chapter, and the delivery rates past
-    # it (pipeline.bench.first_step), with the data section's defaults unless overridden here.
+    # it (bench.first_step), with the data section's defaults unless overridden here.
     first_step_samples: list[int] = field(default_factory=lambda: [100_000, 902_087, 2_000_000])
     # Starts repeated at sizes up to the preset's (the median is reported); once above it.
     first_step_repeats: int = 3
@@ -232,8 +232,8 @@ def section_training(opts: SuiteOptions, log: Callable[[str], None]) -> dict:
 
 
 def section_delivery(opts: SuiteOptions, log: Callable[[str], None]) -> dict:
-    """Section 4: Ray Data delivery per consumer and epoch preparation (pipeline.bench.delivery)."""
-    from pipeline.bench.delivery import measure_delivery
+    """Section 4: Ray Data delivery per consumer and epoch preparation (bench.delivery)."""
+    from bench.delivery import measure_delivery
 
     runs = {}
     for n in opts.delivery_samples:
@@ -246,7 +246,7 @@ def section_delivery(opts: SuiteOptions, log: Callable[[str], None]) -> dict:
             n, 2, shards=shards, repeats=repeats, data_dir=f"data/bench/seed902k-{n}-{shards}"
         )
         if opts.delivery_chapter_tokens and not full:
-            from pipeline.bench.delivery import measure_chapters
+            from bench.delivery import measure_chapters
 
             log(f"delivery: {n:,} samples, one cold epoch whole and one in chapters")
             r["chapters"] = measure_chapters(
@@ -271,7 +271,7 @@ def _shards(n: int) -> int:
 def _chapters(opts: SuiteOptions, log: Callable[[str], None]) -> list[dict]:
     """measure_chapters at `opts.chapter_samples`: the whole epoch, then chapters of the
     default size; each row gets its corpus size."""
-    from pipeline.bench.delivery import measure_chapters
+    from bench.delivery import measure_chapters
     from pipeline.core.sections import DataConfig
 
     out = []
@@ -290,7 +290,7 @@ def _chapters(opts: SuiteOptions, log: Callable[[str], None]) -> list[dict]:
 
 
 def _first_steps(opts: SuiteOptions, log: Callable[[str], None]) -> list[dict]:
-    from pipeline.bench.first_step import measure_first_steps
+    from bench.first_step import measure_first_steps
 
     out = []
     for n in opts.first_step_samples:
@@ -371,7 +371,7 @@ def run_suite(
             results["training"] = section_training(opts, log)
             save(results)
             if opts.realtext_steps:
-                from pipeline.bench.realtext import measure_realtext
+                from bench.realtext import measure_realtext
 
                 log("section 2: real text (the stdlib corpus), readability and per-bucket loss")
                 work = Path(opts.work_dir) / "realtext"

@@ -8,7 +8,7 @@
   rank's DataLoader then takes `per_device_batch` consecutive indices per step. The step's
   samples are therefore spread over W x per_device_batch positions of the order, across
   megabatch boundaries, which is why several ranks pad far worse than one. Only the permutation's
-  source differs from transformers (numpy here, torch.randperm there); `pipeline.learn.hf_peers`
+  source differs from transformers (numpy here, torch.randperm there); `bench.hf_peers`
   runs the real samplers, and a test holds the two within 0.005 at 1 and 8 ranks.
 - `lhotse_style`: lhotse's `DynamicBucketingSampler` in its large-buffer limit: bucket boundaries
   of equal total length (equal mass), each bucket's samples shuffled, batches filled while the
@@ -28,7 +28,7 @@ from pipeline.core.batching import greedy_sizes
 __all__ = ["hf_length_grouped", "equal_mass_boundaries", "lhotse_style", "HF_MEGABATCH_MULT"]
 
 HF_MEGABATCH_MULT = 50  # transformers' cap on megabatch_mult
-# RNG stream tags; the HF one equals pipeline.core.policies' megabatch stream, so one rank draws
+# RNG stream tags; the HF one equals bench.policies' megabatch stream, so one rank draws
 # the very permutation `policies.megabatch_order` does.
 _HF_STREAM, _LHOTSE_STREAM = 0x4D454741, 0x4C48544F
 

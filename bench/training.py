@@ -21,9 +21,9 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from pipeline.core.config import TEAM_EDGES, load_config
-from pipeline.core.corpus import token_table
 from pipeline.core.epochs import resolve_edges
 from pipeline.core.synthetic import MAX_LEN, seed902k_lengths, synthetic_tokens
+from pipeline.data.corpus import token_table
 
 __all__ = [
     "POLICIES",

@@ -3,10 +3,12 @@ readability, the real-text run)."""
 
 from __future__ import annotations
 
-from pipeline.bench.render_util import _f, _name, _pct, _rel, _table
+from bench.render_util import num, pct, policy_name, rel_link, table
+
+__all__ = ["section_quality"]
 
 
-def _section_quality(r: dict, doc: str, plots: dict) -> list[str]:
+def section_quality(r: dict, doc: str, plots: dict) -> list[str]:
     """Section 3: batch recomposition, loss-curve readability and the real-text run."""
     q = r["quality"]
     out = [
@@ -32,7 +34,7 @@ def _section_quality(r: dict, doc: str, plots: dict) -> list[str]:
         "",
     ]
     if "recomposition" in plots:
-        out += [f"![recomposition]({_rel(plots['recomposition'], doc)})", ""]
+        out += [f"![recomposition]({rel_link(plots['recomposition'], doc)})", ""]
     tr = r.get("training", {})
     out += _readability(tr, doc, plots)
     out += _realtext_section(tr, doc, plots)
@@ -45,18 +47,18 @@ def _recomposition_tables(recomposition: dict) -> list[str]:
     for block in recomposition.values():
         rows = [
             [
-                _name(x["name"], block["auto_k"]),
-                _f(x["mean_batch"], ".1f"),
-                _pct(x["recomposition"]),
-                _pct(x["chance_floor"]),
-                _pct(x["repeated_pairs"], 3),
-                _pct(x["switch_rate"]),
-                _pct(x["switch_rate_expected"]),
+                policy_name(x["name"], block["auto_k"]),
+                num(x["mean_batch"], ".1f"),
+                pct(x["recomposition"]),
+                pct(x["chance_floor"]),
+                pct(x["repeated_pairs"], 3),
+                pct(x["switch_rate"]),
+                pct(x["switch_rate_expected"]),
             ]
             for x in block["rows"]
         ]
         out += [f"At {block['label']}:", ""]
-        out += _table(
+        out += table(
             [
                 "policy",
                 "mean batch",
@@ -77,7 +79,7 @@ def _readability(tr: dict, doc: str, plots: dict) -> list[str]:
         return []
     rows = [
         [
-            _name(n, tr["policies"][n]["num_buckets"]),
+            policy_name(n, tr["policies"][n]["num_buckets"]),
             f"{x['steps']} (first {x['skipped']} left out)",
             f"{x['diff_var_raw']:.5f}",
             f"{x['diff_var_debiased']:.5f}",
@@ -91,12 +93,12 @@ def _readability(tr: dict, doc: str, plots: dict) -> list[str]:
         "(logged every step). A ratio below 1 means the debiased curve is smoother.",
         "",
     ]
-    out += _table(["run", "steps", "var Δ loss", "var Δ debiased", "debiased / raw"], rows)
+    out += table(["run", "steps", "var Δ loss", "var Δ debiased", "debiased / raw"], rows)
     noisier = [n for n, x in tr["readability"].items() if x["ratio"] > 1]
     if noisier:
         x = tr["readability"][noisier[0]]
         out += [
-            f"Where the ratio is above 1 ({', '.join(_name(n) for n in noisier)}), the "
+            f"Where the ratio is above 1 ({', '.join(policy_name(n) for n in noisier)}), the "
             "debiased curve is *noisier* than the raw one. The synthetic tokens are equally "
             "predictable at every length, so the buckets have almost no loss offset to "
             "remove, and in a run this short (a bucket is visited about "
@@ -110,7 +112,7 @@ def _readability(tr: dict, doc: str, plots: dict) -> list[str]:
             "",
         ]
     if "loss" in plots:
-        out += [f"![loss curves]({_rel(plots['loss'], doc)})", ""]
+        out += [f"![loss curves]({rel_link(plots['loss'], doc)})", ""]
     return out
 
 
@@ -120,14 +122,14 @@ def _realtext_section(tr: dict, doc: str, plots: dict) -> list[str]:
         return []
     x = rt["readability"]
     out = [
-        f"**Real text** (`pipeline.bench.realtext`): the same model on the Python "
+        f"**Real text** (`bench.realtext`): the same model on the Python "
         f"{rt['corpus']['python']} standard library split into functions "
         f"({rt['corpus']['samples']:,} samples, byte tokens, max length {rt['max_length']}, "
         f"token budget {rt['token_budget']:,}), {rt['num_buckets']} optimal buckets, "
         f"{rt['steps']} steps logged every step.",
         "",
     ]
-    out += _table(
+    out += table(
         ["run", "steps", "var Δ loss", "var Δ debiased", "debiased / raw"],
         [
             [
@@ -144,7 +146,7 @@ def _realtext_section(tr: dict, doc: str, plots: dict) -> list[str]:
             "Each bucket's points are its own step losses, drawn only at the steps that trained "
             "it: the jumpy raw curve (grey) decomposes into per-bucket curves.",
             "",
-            f"![per-bucket loss on real text]({_rel(plots['realtext_bucket_loss'], doc)})",
+            f"![per-bucket loss on real text]({rel_link(plots['realtext_bucket_loss'], doc)})",
             "",
         ]
     return out

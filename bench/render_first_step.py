@@ -1,4 +1,4 @@
-"""BENCHMARKS.md: time to the first step, delivery rates and memory (`pipeline.bench.first_step`).
+"""BENCHMARKS.md: time to the first step, delivery rates and memory (`bench.first_step`).
 
 Every figure comes from the results dict; the sentences only compare figures it holds.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import statistics
 
-from pipeline.bench.render_util import _table, rss_pair
+from bench.render_util import rss_pair, table
 
 __all__ = ["section_first_steps"]
 
@@ -95,7 +95,7 @@ def section_first_steps(runs: list[dict]) -> list[str]:
     lead = x["lead_tokens"]
     out = [
         "",
-        "Time to the first step (`pipeline.bench.first_step.measure_first_steps`): the feeder "
+        "Time to the first step (`bench.first_step.measure_first_steps`): the feeder "
         "started as training starts it (length index cached; its build, once per corpus, apart), "
         "2 consumers asking at once from step 0 and going through the first chapters, then a new "
         "feeder asked to resume half-way through the next chapter, as a restarted run does. "
@@ -129,7 +129,7 @@ def section_first_steps(runs: list[dict]) -> list[str]:
         "`make bench` short.",
         "",
     ]
-    out += _table(
+    out += table(
         [
             "samples",
             "tokens",

@@ -5,7 +5,7 @@ rounded up to `pad_to_multiple_of` (never beyond the bucket's upper edge for buc
 and efficiency is real tokens / padded slots. Policies: `sorted` (all lengths sorted: the static
 upper bound; under a token budget with greedy fill, cut greedily to the budget like fairseq's
 `batch_by_size`, the reference for steps too), `random` (one permutation), `megabatch` (HF
-`group_by_length` per rank, `pipeline.core.peers`), `lhotse` (lhotse-style dynamic bucketing at
+`group_by_length` per rank, `bench.peers`), `lhotse` (lhotse-style dynamic bucketing at
 max_duration = the budget; token budget only), and bucketed ones (`edges:<name>`,
 `optimal:K`) run through the real `epoch_plan`. `auto_search` reports the K that `num_buckets:
 auto` picks (`pipeline.core.epochs.auto_edges`). Pure numpy, no per-sample Python loops.
@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bench.peers import hf_length_grouped, lhotse_style
 from pipeline.core.buckets import EdgeTable, optimize_all
 from pipeline.core.config import Batching, PlanConfig
 from pipeline.core.epochs import auto_edges, simulated_efficiency
 from pipeline.core.metrics import micro_batch_padded
-from pipeline.core.peers import hf_length_grouped, lhotse_style
 from pipeline.core.plan import (
     EpochPlan,
     epoch_plan,
@@ -220,7 +220,7 @@ def compare_policies(
     budget (sorted: fairseq's `batch_by_size`, the reference for steps and padding) and `lhotse`
     adds lhotse-style dynamic bucketing at max_duration = budget; otherwise they use the fixed
     batch of `fixed_batch_size`. `megabatch` is HF `group_by_length` with B // world_size samples
-    per rank (`pipeline.core.peers.hf_length_grouped`, held to the real samplers by a test).
+    per rank (`bench.peers.hf_length_grouped`, held to the real samplers by a test).
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     B = fixed_batch_size(lengths, batching)

@@ -1,0 +1,83 @@
+"""The runtime stands apart from what measures it: layers checked on the source and on imports.
+
+`pipeline` (core, data, learn, train) is the library; `bench` (benchmarks, their rendering, the
+offline analysis behind jobs.plan_buckets) and `jobs` sit above it. The source check reads every
+import statement, including those inside functions, so a lazy import cannot slip a layer; the
+subprocess check proves a runtime entry point loads neither the benchmarks nor matplotlib.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNTIME = ("pipeline.train.launch", "pipeline.data.api", "pipeline.learn.factory", "jobs.train")
+
+
+def _imported_roots(path: Path) -> set[str]:
+    """Top-level package of every absolute import in the file (module level or not)."""
+    roots = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            roots.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def _offenders(folder: str, forbidden: set[str]) -> dict[str, list[str]]:
+    out = {}
+    for p in sorted((ROOT / folder).rglob("*.py")):
+        bad = sorted(_imported_roots(p) & forbidden)
+        if bad:
+            out[str(p.relative_to(ROOT))] = bad
+    return out
+
+
+def test_the_library_imports_neither_benchmarks_nor_jobs():
+    assert not (ROOT / "pipeline" / "bench").exists(), "benchmarks live in bench/, beside pipeline/"
+    assert _offenders("pipeline", {"bench", "jobs"}) == {}
+
+
+def test_benchmarks_do_not_import_jobs():
+    assert _offenders("bench", {"jobs"}) == {}
+
+
+def test_benchmark_modules_share_only_public_names():
+    """The seam between bench modules (renderers included) is what each exports: no private
+    helper is imported from another module."""
+    private = {}
+    for p in sorted((ROOT / "bench").rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text(), filename=str(p))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "bench":
+                names = [a.name for a in node.names if a.name.startswith("_")]
+                if names:
+                    private.setdefault(str(p.relative_to(ROOT)), []).extend(names)
+    assert private == {}
+
+
+def test_core_names_no_ray_torch_pyarrow_or_matplotlib_even_lazily():
+    """Core plans: it reads no parquet, writes no files and draws nothing."""
+    forbidden = {"ray", "torch", "pyarrow", "matplotlib"}
+    assert _offenders("pipeline/core", forbidden) == {}
+
+
+def test_learn_names_no_ray():
+    assert _offenders("pipeline/learn", {"ray"}) == {}
+
+
+def test_importing_the_runtime_loads_no_benchmark_and_no_matplotlib():
+    code = (
+        "import sys\n"
+        + "".join(f"import {m}\n" for m in RUNTIME)
+        + "print(sorted({m.split('.')[0] for m in sys.modules}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    loaded = set(eval(out.stdout.strip()))  # a printed list of top-level module names
+    assert "pipeline" in loaded and "jobs" in loaded  # the imports did run
+    assert not loaded & {"bench", "matplotlib"}, sorted(loaded & {"bench", "matplotlib"})
