@@ -16,11 +16,25 @@ def labels_from_mask(values: np.ndarray, loss_mask: np.ndarray) -> np.ndarray:
     return np.where(np.asarray(loss_mask) != 0, values, IGNORE_INDEX)
 
 
-def padded_length(max_len: int, upper: int, multiple: int) -> int:
-    """Batch max rounded up to `multiple`, never beyond the bucket's upper edge (contract 2)."""
-    if max_len > upper:
-        raise ValueError(f"batch max length {max_len} exceeds its bucket's upper edge {upper}")
-    return int(min(-(-max_len // multiple) * multiple, upper))
+def padded_length(max_len, upper, multiple: int) -> np.ndarray:
+    """The padded length of a batch whose longest row has `max_len` tokens: rounded up to
+    `multiple`, never beyond its bucket's upper edge `upper` (contract 2; None: no edge, for
+    batches made without buckets). The one home of this rule: what collate pads to, what the
+    greedy cut budgets for (pipeline.core.batching) and what the padding metrics count
+    (pipeline.core.metrics). Element-wise over arrays (int64); a batch longer than its edge is a
+    ValueError."""
+    max_len = np.asarray(max_len, dtype=np.int64)
+    rounded = -(-max_len // multiple) * multiple
+    if upper is None:
+        return rounded
+    over = max_len > upper
+    if over.any():
+        i = np.flatnonzero(over.ravel())[0]
+        edge = np.broadcast_to(upper, max_len.shape).ravel()[i]
+        raise ValueError(
+            f"batch max length {max_len.ravel()[i]} exceeds its bucket's upper edge {edge}"
+        )
+    return np.minimum(rounded, upper)
 
 
 def _windows(a: np.ndarray, width: int) -> np.ndarray:
@@ -70,7 +84,7 @@ def collate(
     lens = np.diff(offsets)
     B = lens.size
     shortest, longest = (int(lens.min()), int(lens.max())) if B else (0, 0)
-    L = padded_length(longest, upper, pad_to_multiple_of) if longest > 0 else 0
+    L = int(padded_length(longest, upper, pad_to_multiple_of)) if longest > 0 else 0
     if shortest < 0:
         raise ValueError(f"offsets must be non-decreasing (a row has length {shortest})")
     lo, hi = int(offsets[0]), int(offsets[-1])
