@@ -28,7 +28,10 @@ def micro_batch_padded(
         maxlen[nonempty] = np.maximum.reduceat(
             np.asarray(lengths, dtype=np.int64), offsets[:-1][nonempty]
         )
-    return sizes * padded_length(maxlen, cap, multiple)
+    # A cap below a micro-batch's own max is not its edge (e.g. the first bucket's edge given
+    # for a plan batched across all lengths): that micro-batch counts at its max, unrounded.
+    edge = None if cap is None else np.maximum(cap, maxlen)
+    return sizes * padded_length(maxlen, edge, multiple)
 
 
 def padding_efficiency(
