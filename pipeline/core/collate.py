@@ -16,17 +16,21 @@ def labels_from_mask(values: np.ndarray, loss_mask: np.ndarray) -> np.ndarray:
     return np.where(np.asarray(loss_mask) != 0, values, IGNORE_INDEX)
 
 
-def padded_length(max_len, upper, multiple: int) -> np.ndarray:
+def padded_length(max_len, upper, multiple: int):
     """The padded length of a batch whose longest row has `max_len` tokens: rounded up to
     `multiple`, never beyond its bucket's upper edge `upper` (contract 2; None: no edge, for
     batches made without buckets). The one home of this rule: what collate pads to, what the
     greedy cut budgets for (pipeline.core.batching) and what the padding metrics count
-    (pipeline.core.metrics). Element-wise over arrays (int64); a batch longer than its edge is a
-    ValueError."""
+    (pipeline.core.metrics). Integers give an int; arrays work element-wise (int64). A batch
+    longer than its edge is a ValueError."""
+    if isinstance(max_len, int | np.integer) and isinstance(upper, int | np.integer):
+        # One batch (collate's call, once per micro-batch): plain ints, no array overhead.
+        if max_len > upper:
+            raise ValueError(f"batch max length {max_len} exceeds its bucket's upper edge {upper}")
+        return int(min(_round_up(max_len, multiple), upper))
     max_len = np.asarray(max_len, dtype=np.int64)
-    rounded = -(-max_len // multiple) * multiple
     if upper is None:
-        return rounded
+        return _round_up(max_len, multiple)
     over = max_len > upper
     if over.any():
         i = np.flatnonzero(over.ravel())[0]
@@ -34,7 +38,11 @@ def padded_length(max_len, upper, multiple: int) -> np.ndarray:
         raise ValueError(
             f"batch max length {max_len.ravel()[i]} exceeds its bucket's upper edge {edge}"
         )
-    return np.minimum(rounded, upper)
+    return np.minimum(_round_up(max_len, multiple), upper)
+
+
+def _round_up(n, multiple: int):
+    return -(-n // multiple) * multiple
 
 
 def _windows(a: np.ndarray, width: int) -> np.ndarray:
@@ -84,7 +92,7 @@ def collate(
     lens = np.diff(offsets)
     B = lens.size
     shortest, longest = (int(lens.min()), int(lens.max())) if B else (0, 0)
-    L = int(padded_length(longest, upper, pad_to_multiple_of)) if longest > 0 else 0
+    L = padded_length(longest, upper, pad_to_multiple_of) if longest > 0 else 0
     if shortest < 0:
         raise ValueError(f"offsets must be non-decreasing (a row has length {shortest})")
     lo, hi = int(offsets[0]), int(offsets[-1])

@@ -1,9 +1,9 @@
 """Models, chosen by name from a registry; the built-in one is a small decoder-only transformer.
 
-A model is any `nn.Module` whose forward takes `(input_ids, attention_mask, position_ids)`, all
-int64 [B, L] as the collate writes them, and returns logits [B, L, vocab]. The train loop knows
-only this signature, so another model plugs in by adding a `MODELS` entry; models are built by
-name in pipeline.learn.factory (`build_model`), which imports this module, never the reverse.
+A model is any `nn.Module` with the forward signature pipeline.learn.factory defines
+(`logits = model(input_ids, attention_mask, position_ids)`). The train loop knows only that
+signature, so another model plugs in by adding a `MODELS` entry; models are built by name in
+pipeline.learn.factory (`build_model`), which imports this module, never the reverse.
 
 Attention uses SDPA's causal flag and no explicit mask, which leaves the flash kernel available.
 That is exact for real tokens because padding is on the right (collate): every key a real query
