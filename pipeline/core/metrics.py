@@ -19,7 +19,7 @@ def micro_batch_padded(
 ) -> np.ndarray:
     """Padded slots of each micro-batch: size x its padded length (collate.padded_length: the
     batch max rounded up to `multiple`, never beyond `cap`, each micro-batch's bucket edge;
-    None: no edge)."""
+    None: no edge; a cap below the micro-batch's own max is ignored, see below)."""
     offsets = np.asarray(offsets, dtype=np.int64)
     sizes = np.diff(offsets)
     nonempty = sizes > 0
