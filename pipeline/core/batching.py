@@ -4,9 +4,9 @@
 epoch-seeded order and closes a global batch just before the sample that would push
 `batch size x padded max length` over `batching.token_budget`. The padded length is the batch
 max rounded up to `pad_to_multiple_of`, never beyond the bucket's upper edge (what the collator
-pads to), so the budget is a hard cap on every global step. `fill: fixed_per_bucket` keeps the
-older rule (every batch of bucket k has `token_budget // upper_k` samples, rounded down to
-`round_to`), so plans made with it keep their hashes.
+pads to: `collate.padded_length`), so the budget is a hard cap on every global step.
+`fill: fixed_per_bucket` keeps the older rule (every batch of bucket k has `token_budget //
+upper_k` samples, rounded down to `round_to`), so plans made with it keep their hashes.
 
 Rank shares. Global batches never depend on the world size (contract 8); a global batch of n
 samples and padded length L (n * L <= budget) is split with np.array_split, so rank r gets m_r in
@@ -32,9 +32,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.core.collate import padded_length
 from pipeline.core.config import Batching, ConfigError
 
-__all__ = ["Cut", "effective_round_to", "padded_lengths", "greedy_sizes", "cut_global_batches"]
+__all__ = [
+    "Cut",
+    "batches_per_bucket",
+    "effective_round_to",
+    "round_down_to",
+    "greedy_sizes",
+    "cut_global_batches",
+]
 
 _DEFAULT_ROUND_TO = {"fixed_per_bucket": 8, "greedy": 1}
 
@@ -50,16 +58,23 @@ class Cut:
     dropped: int  # samples dropped by drop_remainder
 
 
+def round_down_to(n: np.ndarray, r: int) -> np.ndarray:
+    """Each count rounded down to a multiple of `r`, except counts below `r`, which stay: a
+    batch never shrinks to nothing (the `round_to` rule of both fills)."""
+    n = np.asarray(n, dtype=np.int64)
+    return np.where(n >= r, n - n % r, n) if r > 1 else n
+
+
+def batches_per_bucket(counts: np.ndarray, g: np.ndarray, drop_remainder: bool) -> np.ndarray:
+    """Global batches of each bucket of counts[k] samples cut into batches of g[k] (the fixed
+    fills): a short last batch is kept, or dropped with `drop_remainder`."""
+    return counts // g if drop_remainder else -(-counts // g)
+
+
 def effective_round_to(batching: Batching) -> int:
     """`batching.round_to`, or its default for the fill (null: 8 per bucket, 1 greedy)."""
     r = batching.round_to
     return _DEFAULT_ROUND_TO[batching.fill] if r is None else int(r)
-
-
-def padded_lengths(lengths: np.ndarray, upper: np.ndarray, multiple: int) -> np.ndarray:
-    """Each sample's length rounded up to `multiple`, never beyond its bucket's upper edge."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    return np.minimum(-(-lengths // multiple) * multiple, upper)
 
 
 def _longest_fit(p: np.ndarray, budget: int, upper: int) -> np.ndarray:
@@ -124,8 +139,7 @@ def greedy_sizes(
     for k in np.flatnonzero(counts):
         seg = padded[bounds[k] : bounds[k + 1]]
         n[bounds[k] : bounds[k + 1]] = _longest_fit(seg, budget, int(uppers[k]))
-    if round_to > 1:
-        n = np.where(n >= round_to, n - n % round_to, n)
+    n = round_down_to(n, round_to)
     nxt = (np.arange(N) + n).tolist()
     starts, s = [], 0
     while s < N:
@@ -136,7 +150,7 @@ def greedy_sizes(
 
 
 def _fixed_cut(counts: np.ndarray, g: np.ndarray, drop_remainder: bool) -> Cut:
-    nb = counts // g if drop_remainder else -(-counts // g)
+    nb = batches_per_bucket(counts, g, drop_remainder)
     kept = np.minimum(counts, nb * g)
     bucket_start = np.concatenate([[0], np.cumsum(counts)[:-1]])
     k = np.repeat(np.arange(counts.size), nb)
@@ -155,7 +169,7 @@ def cut_global_batches(
     if batching.mode == "fixed" or batching.fill == "fixed_per_bucket":
         return _fixed_cut(counts, np.asarray(g, dtype=np.int64), batching.drop_remainder)
     upper = np.repeat(np.asarray(edges, dtype=np.int64)[1:], counts)
-    p = padded_lengths(ordered_lengths, upper, batching.pad_to_multiple_of)
+    p = padded_length(ordered_lengths, upper, batching.pad_to_multiple_of)
     uppers = np.asarray(edges, dtype=np.int64)[1:]
     starts, sizes = greedy_sizes(
         p, counts, uppers, batching.token_budget, effective_round_to(batching)

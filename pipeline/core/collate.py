@@ -16,11 +16,33 @@ def labels_from_mask(values: np.ndarray, loss_mask: np.ndarray) -> np.ndarray:
     return np.where(np.asarray(loss_mask) != 0, values, IGNORE_INDEX)
 
 
-def padded_length(max_len: int, upper: int, multiple: int) -> int:
-    """Batch max rounded up to `multiple`, never beyond the bucket's upper edge (contract 2)."""
-    if max_len > upper:
-        raise ValueError(f"batch max length {max_len} exceeds its bucket's upper edge {upper}")
-    return int(min(-(-max_len // multiple) * multiple, upper))
+def padded_length(max_len, upper, multiple: int):
+    """The padded length of a batch whose longest row has `max_len` tokens: rounded up to
+    `multiple`, never beyond its bucket's upper edge `upper` (contract 2; None: no edge, for
+    batches made without buckets). The one home of this rule: what collate pads to, what the
+    greedy cut budgets for (pipeline.core.batching) and what the padding metrics count
+    (pipeline.core.metrics). Integers give an int; arrays work element-wise (int64). A batch
+    longer than its edge is a ValueError."""
+    if isinstance(max_len, int | np.integer) and isinstance(upper, int | np.integer):
+        # One batch (collate's call, once per micro-batch): plain ints, no array overhead.
+        if max_len > upper:
+            raise ValueError(f"batch max length {max_len} exceeds its bucket's upper edge {upper}")
+        return int(min(_round_up(max_len, multiple), upper))
+    max_len = np.asarray(max_len, dtype=np.int64)
+    if upper is None:
+        return _round_up(max_len, multiple)
+    over = max_len > upper
+    if over.any():
+        i = np.flatnonzero(over.ravel())[0]
+        edge = np.broadcast_to(upper, max_len.shape).ravel()[i]
+        raise ValueError(
+            f"batch max length {max_len.ravel()[i]} exceeds its bucket's upper edge {edge}"
+        )
+    return np.minimum(_round_up(max_len, multiple), upper)
+
+
+def _round_up(n, multiple: int):
+    return -(-n // multiple) * multiple
 
 
 def _windows(a: np.ndarray, width: int) -> np.ndarray:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipeline.core.collate import padded_length
+
 __all__ = [
     "micro_batch_padded",
     "padding_efficiency",
@@ -15,7 +17,9 @@ __all__ = [
 def micro_batch_padded(
     lengths: np.ndarray, offsets: np.ndarray, *, multiple: int = 1, cap: np.ndarray | None = None
 ) -> np.ndarray:
-    """Padded slots of each micro-batch: size x (batch max rounded up to `multiple`, capped)."""
+    """Padded slots of each micro-batch: size x its padded length (collate.padded_length: the
+    batch max rounded up to `multiple`, never beyond `cap`, each micro-batch's bucket edge;
+    None: no edge; a cap below the micro-batch's own max is ignored, see below)."""
     offsets = np.asarray(offsets, dtype=np.int64)
     sizes = np.diff(offsets)
     nonempty = sizes > 0
@@ -24,10 +28,10 @@ def micro_batch_padded(
         maxlen[nonempty] = np.maximum.reduceat(
             np.asarray(lengths, dtype=np.int64), offsets[:-1][nonempty]
         )
-    padded_len = -(-maxlen // multiple) * multiple
-    if cap is not None:
-        padded_len = np.minimum(padded_len, np.maximum(cap, maxlen))
-    return sizes * padded_len
+    # A cap below a micro-batch's own max is not its edge (e.g. the first bucket's edge given
+    # for a plan batched across all lengths): that micro-batch counts at its max, unrounded.
+    edge = None if cap is None else np.maximum(cap, maxlen)
+    return sizes * padded_length(maxlen, edge, multiple)
 
 
 def padding_efficiency(

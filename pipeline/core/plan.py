@@ -21,7 +21,12 @@ from functools import cached_property
 
 import numpy as np
 
-from pipeline.core.batching import cut_global_batches, effective_round_to
+from pipeline.core.batching import (
+    batches_per_bucket,
+    cut_global_batches,
+    effective_round_to,
+    round_down_to,
+)
 from pipeline.core.buckets import assign
 from pipeline.core.config import Batching, PlanConfig
 
@@ -49,11 +54,7 @@ def global_batch_sizes(edges, batching: Batching) -> np.ndarray:
     if batching.mode == "fixed":
         return np.full(uppers.size, batching.batch_size, dtype=np.int64)
     g = np.maximum(1, batching.token_budget // uppers)
-    r = effective_round_to(batching)
-    if r > 1:
-        # Round down to a multiple of r, but never below r when the budget allows r samples.
-        g = np.where(g >= r, (g // r) * r, g)
-    return g
+    return round_down_to(g, effective_round_to(batching))
 
 
 def split_offsets(step_offsets: np.ndarray, world_size: int) -> np.ndarray:
@@ -83,10 +84,6 @@ def _bucket_counts(bucket: np.ndarray, num_buckets: int) -> np.ndarray:
     return np.bincount(bucket, minlength=num_buckets).astype(np.int64)
 
 
-def _batches_per_bucket(counts: np.ndarray, g: np.ndarray, drop_remainder: bool) -> np.ndarray:
-    return counts // g if drop_remainder else -(-counts // g)
-
-
 def steps_per_epoch(
     lengths: np.ndarray, edges, batching: Batching, *, seed: int = 0, epoch: int = 0
 ) -> int:
@@ -104,11 +101,8 @@ def steps_per_epoch(
             plan=plan,
         ).num_steps
     counts = _bucket_counts(assign(lengths, edges), len(edges) - 1)
-    return int(
-        _batches_per_bucket(
-            counts, global_batch_sizes(edges, batching), batching.drop_remainder
-        ).sum()
-    )
+    g = global_batch_sizes(edges, batching)
+    return int(batches_per_bucket(counts, g, batching.drop_remainder).sum())
 
 
 @dataclass(frozen=True)

@@ -202,6 +202,21 @@ class DataConfig(_Section):
                 raise ValueError(f"data.{name} is empty: set a path, or null for the default")
         return self
 
+    @model_validator(mode="after")
+    def _no_inert_paths(self) -> DataConfig:
+        # A location that nothing will write would otherwise be accepted and silently ignored.
+        if self.quarantine_path is not None and self.on_bad_rows == OnBadRows.error:
+            raise ValueError(
+                "data.quarantine_path has no effect with data.on_bad_rows=error (bad rows stop "
+                "the run, nothing is quarantined): remove it, or set data.on_bad_rows=quarantine"
+            )
+        if self.row_cache_dir is not None and not self.row_cache:
+            raise ValueError(
+                "data.row_cache_dir has no effect with data.row_cache=false: remove it, or set "
+                "data.row_cache=true"
+            )
+        return self
+
 
 def _forbid(section: str, data: Any, fields: dict[str, str]) -> Any:
     """Refuse, in one line, a field that belongs to another variant of a section."""

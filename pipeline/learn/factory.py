@@ -43,6 +43,7 @@ from typing import Any
 from torch import nn
 
 from pipeline.core.config import ModelConfig
+from pipeline.learn.model import MODELS
 from pipeline.learn.packed_attention import hf_packed_mask, is_packed
 
 __all__ = ["HF_CAUSAL_LM", "HFCausalLM", "build_model", "hf_config_dict", "load_factory"]
@@ -150,8 +151,6 @@ def load_factory(spec: str):
 
 def build_model(cfg: ModelConfig, max_positions: int) -> nn.Module:
     """The model `cfg.name` names, for sequences of up to `max_positions` tokens."""
-    from pipeline.learn.model import MODELS
-
     if cfg.name in MODELS:
         return MODELS[cfg.name](cfg, max_positions)
     if cfg.name == HF_CAUSAL_LM:

@@ -1,8 +1,9 @@
 """Models, chosen by name from a registry; the built-in one is a small decoder-only transformer.
 
-A model is any `nn.Module` whose forward takes `(input_ids, attention_mask, position_ids)`, all
-int64 [B, L] as the collate writes them, and returns logits [B, L, vocab]. The train loop knows
-only this signature, so another model plugs in by adding a `MODELS` entry.
+A model is any `nn.Module` with the forward signature pipeline.learn.factory defines
+(`logits = model(input_ids, attention_mask, position_ids)`). The train loop knows only that
+signature, so another model plugs in by adding a `MODELS` entry; models are built by name in
+pipeline.learn.factory (`build_model`), which imports this module, never the reverse.
 
 Attention uses SDPA's causal flag and no explicit mask, which leaves the flash kernel available.
 That is exact for real tokens because padding is on the right (collate): every key a real query
@@ -26,7 +27,7 @@ from torch import nn
 from pipeline.core.config import ModelConfig
 from pipeline.learn.packed_attention import document_attention, is_packed
 
-__all__ = ["MODELS", "TinyDecoder", "build_model", "count_parameters"]
+__all__ = ["MODELS", "TinyDecoder", "count_parameters"]
 
 
 class _Block(nn.Module):
@@ -95,18 +96,10 @@ def _init_weights(m: nn.Module) -> None:
         nn.init.zeros_(m.bias)
 
 
-# name -> builder(model config, longest sequence in positions)
+# name -> builder(model config, longest sequence in positions); pipeline.learn.factory builds them.
 MODELS: dict[str, Callable[[ModelConfig, int], nn.Module]] = {
     "tiny_decoder": TinyDecoder,
 }
-
-
-def build_model(cfg: ModelConfig, max_positions: int) -> nn.Module:
-    """The model `cfg.name` names (registry, hf_causal_lm or package.module:factory), built for
-    sequences of up to `max_positions` tokens; see pipeline.learn.factory."""
-    from pipeline.learn.factory import build_model as build
-
-    return build(cfg, max_positions)
 
 
 def count_parameters(model: nn.Module) -> int:

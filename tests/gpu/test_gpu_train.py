@@ -9,8 +9,8 @@ import torch
 from pipeline.core.config import ModelConfig
 from pipeline.data.rechunk import MicroBatch
 from pipeline.learn.checkpoint import rng_state, set_rng_state
+from pipeline.learn.factory import build_model
 from pipeline.learn.loss import token_sums
-from pipeline.learn.model import build_model
 from pipeline.train.step import train_group
 
 pytestmark = [

@@ -10,7 +10,7 @@ from pipeline.core.collate import collate
 from pipeline.core.config import ModelConfig
 from pipeline.core.packed_collate import collate_packed
 from pipeline.learn import packed_attention
-from pipeline.learn.model import build_model
+from pipeline.learn.factory import build_model
 from pipeline.learn.packed_attention import block_causal_mask, document_attention, varlen_usable
 
 pytestmark = [

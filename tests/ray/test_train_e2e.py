@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.core.config import ConfigError, validate
 from pipeline.learn.checkpoint import load_checkpoint
-from pipeline.learn.model import build_model
+from pipeline.learn.factory import build_model
 from pipeline.train.history import StepHistory
 from pipeline.train.launch import run
 from tests.helpers import tiny_raw as tiny_config

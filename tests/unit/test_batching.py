@@ -8,8 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.core.batching import greedy_sizes, padded_lengths
+from pipeline.core.batching import greedy_sizes
 from pipeline.core.buckets import optimize
+from pipeline.core.collate import padded_length
 from pipeline.core.config import BatchingConfig, ConfigError, PlanConfig
 from pipeline.core.plan import epoch_plan
 from pipeline.core.synthetic import seed902k_lengths
@@ -80,7 +81,7 @@ def greedy_plans(draw):
         if kind == "one_giant":
             lengths[rng.integers(n)] = 2000
     edges = optimize(lengths, draw(st.integers(1, 8)))
-    longest = int(padded_lengths(lengths.max(), edges[-1], 8))
+    longest = int(padded_length(lengths.max(), edges[-1], 8))
     budget = longest + draw(st.sampled_from([0, 1, 9, 777, 5000]))  # incl. barely above the longest
     batching = BatchingConfig(token_budget=budget, round_to=draw(st.sampled_from([None, 4, 8])))
     return dict(lengths=lengths, edges=edges, batching=batching, seed=draw(st.integers(0, 2**31)))

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.core.collate import IGNORE_INDEX, collate, labels_from_mask, padded_length
+from pipeline.core.metrics import micro_batch_padded
 
 
 def _reference(rows, masks, upper, multiple, pad_id):
@@ -63,6 +64,28 @@ def test_contract2_padded_length_rounds_up_but_never_past_upper_edge():
     assert padded_length(770, 770, 8) == 770
     with pytest.raises(ValueError, match="exceeds its bucket's upper edge"):
         padded_length(771, 770, 8)
+
+
+def test_contract2_the_padding_metric_counts_what_collate_pads():
+    """One padded-length rule: element-wise over micro-batches it is what the planned padding
+    metric counts, and each micro-batch's collated width."""
+    rng = np.random.default_rng(0)
+    upper = np.array([40, 64, 64, 100])
+    lens = np.concatenate([rng.integers(1, u + 1, 5) for u in upper])
+    offsets = np.arange(0, lens.size + 1, 5)
+    longest = lens.reshape(4, 5).max(axis=1)
+    widths = padded_length(longest, upper, 8)
+    by_hand = [min(-(-int(m) // 8) * 8, int(u)) for m, u in zip(longest, upper, strict=True)]
+    assert widths.tolist() == by_hand
+    assert (
+        micro_batch_padded(lens, offsets, multiple=8, cap=upper).tolist() == (5 * widths).tolist()
+    )
+    for b in range(4):
+        row_offsets = np.concatenate([[0], np.cumsum(lens[offsets[b] : offsets[b + 1]])])
+        out = collate(np.zeros(row_offsets[-1], np.int32), row_offsets, upper=int(upper[b]))
+        assert out["input_ids"].shape == (5, widths[b])
+    with pytest.raises(ValueError, match="exceeds its bucket's upper edge"):
+        padded_length(np.array([10, 65]), np.array([64, 64]), 8)
 
 
 def test_contract4_empty_microbatch_collates_to_zero_size():

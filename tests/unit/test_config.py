@@ -138,6 +138,29 @@ def test_inert_or_contradictory_settings_are_errors_not_warnings(overrides, frag
     assert fragment in error_of(*overrides, *extra, raw=raw)
 
 
+@pytest.mark.parametrize(
+    "overrides, fragment",
+    [
+        (
+            ["data.quarantine_path=/tmp/q.parquet"],
+            "data.quarantine_path has no effect with data.on_bad_rows=error (bad rows stop the "
+            "run, nothing is quarantined): remove it, or set data.on_bad_rows=quarantine",
+        ),
+        (
+            ["data.row_cache=false", "data.row_cache_dir=/tmp/rows"],
+            "data.row_cache_dir has no effect with data.row_cache=false: remove it, or set "
+            "data.row_cache=true",
+        ),
+    ],
+)
+def test_a_data_location_that_nothing_writes_is_refused_naming_the_key(overrides, fragment):
+    assert fragment in error_of(*overrides)
+    # the same location where it is used, and the modes left at their default null, are fine
+    assert load("data.on_bad_rows=quarantine", "data.quarantine_path=/tmp/q.parquet")
+    assert load("data.row_cache_dir=/tmp/rows").data.row_cache
+    assert load("data.row_cache=false", "data.quarantine_path=null", "data.row_cache_dir=null")
+
+
 def test_sections_are_discriminated_variants():
     assert isinstance(load().batching, TokenBudgetBatching)
     assert isinstance(load("batching.mode=fixed").batching, FixedBatching)

@@ -105,7 +105,10 @@ LOCATIONS = {
 def _every_location_set(tmp_path) -> list[str]:
     """Overrides that set every location to an absolute path (data.path run first: it replaces
     the synthetic section; the synthetic out_dir is checked on its own)."""
-    return [f"{k}={tmp_path / v}" for k, v in LOCATIONS.items()] + ["model.name=hf_causal_lm"]
+    return [f"{k}={tmp_path / v}" for k, v in LOCATIONS.items()] + [
+        "model.name=hf_causal_lm",
+        "data.on_bad_rows=quarantine",  # where data.quarantine_path is used
+    ]
 
 
 def test_path_fields_lists_every_location_the_config_can_name(tmp_path):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -123,3 +125,38 @@ def test_hf_config_errors_name_the_field(hf_config, match):
     cfg = cfg.model_copy(update={"hf_config": hf_config})  # past the driver-side check
     with pytest.raises(ValueError, match=match):
         build_model(cfg, max_positions=64)
+
+
+def _imports_within(package: Path, prefix: str) -> dict[str, set[str]]:
+    """module -> modules of the same package it imports, at any depth of its code (an import
+    inside a function counts: it is a cycle all the same, only deferred)."""
+    names = {p.stem for p in package.glob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name in names:
+        deps = set()
+        for node in ast.walk(ast.parse((package / f"{name}.py").read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(prefix):
+                deps.add(node.module.removeprefix(prefix))
+            elif isinstance(node, ast.Import):
+                deps |= {
+                    a.name.removeprefix(prefix) for a in node.names if a.name.startswith(prefix)
+                }
+        graph[name] = (deps & names) - {name}
+    return graph
+
+
+def test_learn_modules_import_each_other_one_way():
+    """No import cycle inside pipeline.learn: the registry (model) never reaches back for the
+    builder (factory), which is build_model's one home."""
+    import pipeline.learn
+
+    graph = _imports_within(Path(pipeline.learn.__file__).parent, "pipeline.learn.")
+    assert "model" in graph["factory"]
+    for start in graph:
+        seen, todo = set(), list(graph[start])
+        while todo:
+            m = todo.pop()
+            assert m != start, f"pipeline.learn.{start} imports itself back through {sorted(seen)}"
+            if m not in seen:
+                seen.add(m)
+                todo.extend(graph[m])

@@ -14,8 +14,8 @@ from torch.nn.parallel import DistributedDataParallel
 from pipeline.core.collate import IGNORE_INDEX, collate
 from pipeline.core.config import ModelConfig
 from pipeline.data.rechunk import MicroBatch
+from pipeline.learn.factory import build_model
 from pipeline.learn.loss import ddp_loss_scale, supervised_tokens, token_sums
-from pipeline.learn.model import build_model
 from pipeline.train.step import train_group
 
 CFG = ModelConfig(vocab_size=32, d_model=16, n_layers=1, n_heads=2, d_ff=32)

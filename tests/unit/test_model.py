@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from pipeline.core.config import ModelConfig
-from pipeline.learn.model import MODELS, build_model, count_parameters
+from pipeline.learn.factory import build_model
+from pipeline.learn.model import MODELS, count_parameters
 
 CFG = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, d_ff=64)
 

@@ -10,8 +10,8 @@ import torch
 from pipeline.core.collate import IGNORE_INDEX, collate
 from pipeline.core.config import ModelConfig
 from pipeline.core.packed_collate import collate_packed
+from pipeline.learn.factory import build_model
 from pipeline.learn.loss import supervised_tokens, token_sums
-from pipeline.learn.model import build_model
 from pipeline.learn.packed_attention import (
     block_causal_mask,
     cu_seqlens,
