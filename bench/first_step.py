@@ -29,15 +29,10 @@ import time
 import numpy as np
 
 from bench.delivery import RssPeak, StorePeak
-from pipeline.core.chapters import (
-    chapter_read_bytes,
-    lead_in_bounds,
-    plan_chapter_bounds,
-    row_group_of,
-    step_tokens,
-)
+from pipeline.core.chapters import chapter_read_bytes, row_group_of
 from pipeline.core.config import RunConfig
 from pipeline.core.epochs import epoch_plan_for, resolve_edges
+from pipeline.core.ranges import EpochRanges
 from pipeline.data import build_length_index, rank_batches, start_feeder, stop_feeder
 from pipeline.data.corpus import write_corpus
 from pipeline.data.rowcache import RowCache
@@ -157,7 +152,8 @@ def read_amplification(cfg: RunConfig, index, edges, world: int) -> dict:
     without and with a lead-in at step 0, as multiples of the corpus."""
     plan = epoch_plan_for(cfg, index, edges, 0, world)
     d = cfg.data
-    b = plan_chapter_bounds(plan, max_steps=d.chapter_steps, max_tokens=d.chapter_tokens)
+    ranges = EpochRanges.of(plan, d)  # as the feeder cuts it
+    b = ranges.bounds
     rg = row_group_of(index.file_idx, index.rows, index.row_groups)
     rg_tokens = np.bincount(rg, weights=index.lengths.astype(np.float64))
     rg_bytes = 4.0 * rg_tokens + 8.0 * np.bincount(rg)  # int32 ids and int64 sample ids
@@ -165,7 +161,7 @@ def read_amplification(cfg: RunConfig, index, edges, world: int) -> dict:
     out = {"chapters": int(b.size - 1)}
     cut = b
     if d.lead_tokens:
-        lead = lead_in_bounds(step_tokens(plan), b, 0, d.lead_tokens)
+        lead = ranges.lead_in(0, d.lead_tokens)
         cut = np.unique(np.concatenate([lead, b]))
     for name, bounds in (("chapters", b), ("with_lead_in", cut)):
         r = chapter_read_bytes(plan, bounds, rg[pos], rg_bytes)
@@ -223,7 +219,7 @@ def measure_first_steps(
         plan = epoch_plan_for(cfg, index, edges, 0, consumers)
         plan_s = time.perf_counter() - t
         d = cfg.data
-        b = plan_chapter_bounds(plan, max_steps=d.chapter_steps, max_tokens=d.chapter_tokens)
+        b = EpochRanges.of(plan, d).bounds
         c = min(chapters, b.size - 1)
         cold = _run(cfg, index, edges, data_dir, 0, int(b[c]), consumers)
         colds = [cold]

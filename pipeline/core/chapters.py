@@ -17,7 +17,7 @@ The price is reading: with a global within-bucket shuffle every chapter draws it
 nearly every row group, so each chapter re-reads (and decodes) almost the whole corpus.
 `chapter_read_bytes` estimates it from the index's per-sample row groups. Measured on the
 902,087-sample preset (seed902k lengths, the team's edges and token budget, 32 shards; see
-`pipeline.bench.chapters`): every chapter touches 100% of the row groups at 16K, 4K and 1K rows
+`bench.chapters`): every chapter touches 100% of the row groups at 16K, 4K and 1K rows
 per row group alike, for 2, 4, 8 and 16 chapters, so bytes read per epoch are C times the corpus
 (C = 1, 2, 4, 8, 16 chapters: 1x, 2x, 4x, 8x, 16x; 4.25 GB of int32 ids and sample ids per
 pass). Even 64-row row groups still read 15.7x at 16 chapters, so the layout cannot buy this
@@ -29,13 +29,8 @@ whole epoch's: `python -m jobs.bench_data --num-samples 902087 --shards 32 --cha
 268435456,0`, and BENCHMARKS.md, section 4). Corpora below 2**28 tokens are one chapter
 (unchanged behaviour, no extra reads).
 
-A whole chapter is still too long to wait for at a start: its sort takes tens of seconds. So
-where a request does not continue a decided range (a cold start, a resume), the feeder first
-serves a lead-in (`lead_in_bounds`): a range of at most data.lead_tokens real tokens, then ranges
-`LEAD_GROWTH` times larger each, up to the end of the chapter holding the start step; the regular
-chapters follow. A lead-in is a few more cuts of the same plan, so the order and the hash are
-the epoch's; each of its ranges reads nearly every row group, which is the price of an early first
-step (time to the first step and reads per epoch: BENCHMARKS.md, section 4).
+Which range each request is served -- the chapter bounds the config asks for, a lead-in at a
+start, each range's end decided once -- is `pipeline.core.ranges`.
 """
 
 from __future__ import annotations
@@ -50,8 +45,6 @@ from pipeline.core.plan import EpochPlan
 __all__ = [
     "DEFAULT_CHAPTER_TOKENS",
     "Chapter",
-    "RankPositions",
-    "RangeBook",
     "step_tokens",
     "chapter_bounds",
     "plan_chapter_bounds",
@@ -59,16 +52,12 @@ __all__ = [
     "chapter_of",
     "chapter_end",
     "chapter_plan",
-    "LEAD_GROWTH",
-    "lead_in_bounds",
     "row_group_of",
     "chapter_read_bytes",
 ]
 
 # 2**28 int32 tokens = 1 GiB per chapter; chosen from the read measurement in the docstring.
 DEFAULT_CHAPTER_TOKENS = 2**28
-# Each range of a lead-in holds this many times the real tokens of the one before.
-LEAD_GROWTH = 4
 # Balanced cuts tried (chapter counts above the lower bound) before the greedy fallback.
 _BALANCE_TRIES = 16
 
@@ -199,41 +188,6 @@ def chapters_from(bounds: np.ndarray, step: int) -> list[Chapter]:
     return [Chapter(i, step if i == c else int(b[i]), int(b[i + 1])) for i in range(c, b.size - 1)]
 
 
-def lead_in_bounds(
-    tokens: np.ndarray,
-    bounds: np.ndarray,
-    start: int,
-    lead_tokens: int,
-    *,
-    growth: int = LEAD_GROWTH,
-    first_step: int = 0,
-) -> np.ndarray:
-    """Cuts [start, c1, ..., end] (absolute steps) of a lead-in: the ranges served from `start`
-    when nothing is prepared there (a cold start, a resume), up to the end of the chapter holding
-    `start`. The first range holds at most `lead_tokens` real tokens, each next one at most
-    `growth` times the one before (every range at least one step), so the first step waits for a
-    small preparation and the ranges soon reach the regular chapters' size.
-
-    `tokens`: each step's real tokens (`step_tokens` of the full plan, whose first step is
-    `first_step`); `bounds`: the regular chapter boundaries. A pure function of its arguments:
-    every rank, and a restarted feeder, computes the same cuts.
-    """
-    if lead_tokens < 1 or growth < 1:
-        raise ValueError(f"lead_tokens and growth must be >= 1, got {lead_tokens}, {growth}")
-    b = np.asarray(bounds, dtype=np.int64)
-    end = chapter_end(b, start)
-    t = np.asarray(tokens, dtype=np.int64)[start - first_step : end - first_step]
-    cum = np.concatenate([[0], np.cumsum(t)])  # tokens from `start` to each step
-    cuts, at, size = [0], 0, int(lead_tokens)
-    while at < t.size:
-        # the furthest step whose tokens from `at` stay within `size`, at least one step on
-        nxt = int(np.searchsorted(cum, cum[at] + size, side="right")) - 1
-        at = min(max(nxt, at + 1), t.size)
-        cuts.append(at)
-        size *= growth
-    return np.asarray(cuts, dtype=np.int64) + start
-
-
 def chapter_plan(plan: EpochPlan, first_step: int, end_step: int) -> EpochPlan:
     """`plan` restricted to global steps [first_step, end_step): same steps, ranks, order and hash.
 
@@ -259,60 +213,6 @@ def chapter_plan(plan: EpochPlan, first_step: int, end_step: int) -> EpochPlan:
         lengths=tail.lengths[:hi],
         **rows,
     )
-
-
-class RankPositions:
-    """Where each rank of one world size last said it is, as (epoch, step): a chapter ending at
-    or before every rank's position is needed by none of them. A new world size starts afresh
-    (a resized run restarts every rank)."""
-
-    def __init__(self):
-        self.world_size = 0
-        self._pos: dict[int, tuple[int, int]] = {}
-
-    def move(self, epoch: int, world_size: int, step: int, rank: int) -> None:
-        if world_size != self.world_size:
-            self.world_size, self._pos = world_size, {}
-        self._pos[rank] = (epoch, step)
-
-    def passed(self, epoch: int, step: int) -> bool:
-        """Every rank has said it is at (epoch, step) or beyond."""
-        if len(self._pos) < self.world_size or not self._pos:
-            return False
-        return min(self._pos.values()) >= (epoch, step)
-
-
-class RangeBook:
-    """The ranges decided so far per (epoch, world size): start step -> end step, each decided
-    once (every rank, and a retry, gets the same end), and the steps where a decided range ends:
-    a request there continues a stream and gets no lead-in. The last range of an epoch leads to
-    step 0 of the next."""
-
-    def __init__(self):
-        self._ends: dict[tuple[int, int], dict[int, int]] = {}
-        self._follows: set[tuple[int, int, int]] = set()
-
-    def end(self, epoch: int, world_size: int, start: int) -> int | None:
-        return self._ends.get((epoch, world_size), {}).get(start)
-
-    def continues(self, epoch: int, world_size: int, start: int) -> bool:
-        return (epoch, world_size, start) in self._follows
-
-    def record(self, epoch: int, world_size: int, cuts, epoch_steps: int) -> int:
-        """Record the ranges between consecutive `cuts`, keeping any decided earlier from the
-        same start; returns the end decided for cuts[0]."""
-        ends = self._ends.setdefault((epoch, world_size), {})
-        c = [int(x) for x in cuts]
-        for a, b in zip(c[:-1], c[1:], strict=True):
-            if ends.setdefault(a, b) == b:
-                nxt = (epoch, world_size, b) if b < epoch_steps else (epoch + 1, world_size, 0)
-                self._follows.add(nxt)
-        return ends[c[0]]
-
-    def forget(self, epoch: int, world_size: int) -> None:
-        """Drop what was decided for (epoch, world_size)."""
-        self._ends.pop((epoch, world_size), None)
-        self._follows = {f for f in self._follows if f[:2] != (epoch, world_size)}
 
 
 # --------------------------------------------------------------------------- read estimate

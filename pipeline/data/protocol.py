@@ -1,7 +1,8 @@
 """What the feeder hands a worker for one (epoch, world size, start step, rank), and its checks.
 
-A part covers one chapter of the epoch (`pipeline.core.chapters`), from the start step asked for
-to the chapter's end (`end_step`); the worker asks for the next part from there.
+A part covers one range of the epoch (a chapter, or a lead-in's range: `pipeline.core.ranges`),
+from the start step asked for to the range's end (`end_step`); the worker asks for the next part
+from there.
 
 One frozen object instead of a loose dict: the rank's plan view, the ordered refs of its sorted
 blocks, what padding needs, and the identity of the plan it was cut from. The worker checks that
@@ -16,16 +17,21 @@ from dataclasses import dataclass
 
 from pipeline.core.plan import RankView
 
-__all__ = ["RankPart", "PlanMismatchError"]
+__all__ = ["RankPart", "PlanMismatchError", "WrongPartError"]
 
 
 class PlanMismatchError(RuntimeError):
     """The feeder's plan is not the one this worker was told to train on."""
 
 
+class WrongPartError(RuntimeError):
+    """The feeder answered another request than the one asked (a bug in the feeder): raised,
+    not asserted, so it holds under `python -O` too and no rank trains on another's rows."""
+
+
 @dataclass(frozen=True, eq=False)
 class RankPart:
-    """Rank `rank`'s share of one prepared chapter: plan rows of steps [start_step, end_step)."""
+    """Rank `rank`'s share of one prepared range: plan rows of steps [start_step, end_step)."""
 
     epoch: int
     world_size: int
@@ -39,7 +45,7 @@ class RankPart:
     pad_id: int
     pad_to_multiple_of: int
     supervision: str  # "", "loss_mask" or "labels": what the blocks' `sup` column holds
-    end_step: int  # the part's chapter ends here (exclusive); the next part starts here
+    end_step: int  # the part's range ends here (exclusive); the next part starts here
     epoch_steps: int  # global steps in the epoch: the last part ends there
     read_retries: int = 0  # transient read errors retried while preparing this epoch
     # Where `view` and `refs` begin when they were prepared for an earlier start (a range the
@@ -64,7 +70,8 @@ class RankPart:
         """Raise unless this part answers (epoch, world_size, start_step, rank) of `plan_hash`."""
         got = (self.epoch, self.world_size, self.start_step, self.rank, self.view.rank)
         want = (epoch, world_size, start_step, rank, rank)
-        assert got == want, f"feeder answered {got} to the request {want}"  # our own protocol
+        if got != want:
+            raise WrongPartError(f"feeder answered {got} to the request {want}")
         if plan_hash is not None and plan_hash != self.plan_hash:
             raise PlanMismatchError(
                 f"epoch {epoch}: the feeder's plan has hash {self.plan_hash}, this run planned "

@@ -1,10 +1,11 @@
 """The read task: row groups holding planned samples -> rows with their sort keys, checked.
 
-`plan_read_units` groups an epoch's planned samples by (file, row group); one Ray Data task per
-group (`read_units`) reads it with pyarrow, keeps the planned rows, checks them against the index
-and the model, and attaches each row's key. A read that fails transiently (throttling, 5xx, a
-reset connection) is retried with backoff (`pipeline.data.retry`) and counted; only a difference
-in sample ids or lengths is reported as the file having changed. Files are opened here rather
+`plan_read_units` groups a range's planned samples by (file, row group) into a `ReadUnits` work
+list; one Ray Data task per group (`read_units`), or the feeder itself (`read_unit`,
+`pipeline.data.prepare`), reads it with pyarrow, keeps the planned rows, checks them against the
+index and the model, and attaches each row's key. A read that fails transiently (throttling,
+5xx, a reset connection) is retried with backoff (`pipeline.data.retry`) and counted; only a
+difference in sample ids or lengths is reported as the file having changed. Files are opened here rather
 than through `ray.data.read_parquet` because only a few rows of a row group may be planned
 (resume, quarantine) and every row must be matched to its key.
 """
@@ -18,17 +19,19 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from pipeline.core.collate import IGNORE_INDEX, labels_from_mask
 from pipeline.data.index import DataError, LengthIndex
+from pipeline.data.listcolumn import flat_values
 from pipeline.data.retry import RetryPolicy, StorageUnavailableError, with_retries
 from pipeline.data.scan import ContentDigest, row_group_batches
 
 __all__ = [
     "ReadSpec",
+    "ReadUnits",
+    "UnitRows",
     "background_priority",
     "id_type_for",
     "in_background",
@@ -112,12 +115,51 @@ def id_type_for(vocab_size: int):
     return np.int32 if vocab_size <= np.iinfo(np.int32).max else np.int64
 
 
-def plan_read_units(index: LengthIndex, sample_ids: np.ndarray, keys: np.ndarray) -> dict:
-    """Group planned samples by (file, row group): the read work list and its row/key arrays.
+@dataclass(frozen=True)
+class UnitRows:
+    """One unit's planned rows: row group `row_group` of file `file_idx`, and per planned row
+    (ascending in the group) its row number there, sort key, sample id and indexed length."""
 
-    Returns units (file_idx, row_group, row_start) and, ordered by unit then row, the local rows
-    to take, their keys, sample ids and indexed lengths, with `ptr` delimiting each unit's slice.
-    """
+    file_idx: int
+    row_group: int
+    local_rows: np.ndarray
+    keys: np.ndarray
+    sample_ids: np.ndarray
+    lengths: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
+class ReadUnits:
+    """The read work list of a range (`plan_read_units`): the units (row groups holding planned
+    rows, as (file_idx, row_group) pairs) and, ordered by unit then row, the planned rows, with
+    `ptr` delimiting each unit's slice (unit j's rows are [ptr[j], ptr[j + 1]))."""
+
+    file_idx: np.ndarray  # [U] file of each unit
+    row_group: np.ndarray  # [U] row group of each unit in its file
+    local_rows: np.ndarray  # [N] each planned row's number in its row group
+    keys: np.ndarray  # [N] its sort key
+    sample_ids: np.ndarray  # [N]
+    lengths: np.ndarray  # [N] its indexed length
+    ptr: np.ndarray  # [U + 1]
+
+    def __len__(self) -> int:
+        return int(self.file_idx.size)
+
+    def unit(self, j: int) -> UnitRows:
+        """Unit `j`'s planned rows."""
+        lo, hi = self.ptr[j], self.ptr[j + 1]
+        return UnitRows(
+            int(self.file_idx[j]),
+            int(self.row_group[j]),
+            self.local_rows[lo:hi],
+            self.keys[lo:hi],
+            self.sample_ids[lo:hi],
+            self.lengths[lo:hi],
+        )
+
+
+def plan_read_units(index: LengthIndex, sample_ids: np.ndarray, keys: np.ndarray) -> ReadUnits:
+    """Group planned samples (`keys`: their sort keys) by (file, row group): the read work list."""
     pos = np.searchsorted(index.sample_ids, sample_ids)
     if sample_ids.size and not np.array_equal(
         index.sample_ids[np.minimum(pos, index.num_samples - 1)], sample_ids
@@ -146,20 +188,15 @@ def plan_read_units(index: LengthIndex, sample_ids: np.ndarray, keys: np.ndarray
     lens = index.lengths[pos][order]
     present, first = np.unique(unit, return_index=True)
     ptr = np.concatenate([first, [unit.size]]).astype(np.int64)
-    return {
-        "file_idx": rg_file[present],
-        "row_group": rg_num[present],
-        "local_rows": rows - rg_start[unit],
-        "keys": keys_o,
-        "sample_ids": sids,
-        "lengths": lens,
-        "ptr": ptr,
-    }
-
-
-def _flat_list(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """(values of the rows back to back, lengths), respecting any slice of `arr`."""
-    return pc.list_flatten(arr).to_numpy(), pc.list_value_length(arr).to_numpy().astype(np.int64)
+    return ReadUnits(
+        file_idx=rg_file[present],
+        row_group=rg_num[present],
+        local_rows=rows - rg_start[unit],
+        keys=keys_o,
+        sample_ids=sids,
+        lengths=lens,
+        ptr=ptr,
+    )
 
 
 def _read_rows(pf: pq.ParquetFile, g: int, cols: list[str], local: np.ndarray, digest):
@@ -238,13 +275,13 @@ def _supervision(t: pa.Table, vals: np.ndarray, kind: str) -> np.ndarray | None:
     names = t.column_names
     if kind == "labels":
         if "labels" in names:
-            return _flat_list(t["labels"].combine_chunks())[0]
+            return flat_values(t["labels"])[0]
         if "loss_mask" in names:
-            return labels_from_mask(vals, _flat_list(t["loss_mask"].combine_chunks())[0])
+            return labels_from_mask(vals, flat_values(t["loss_mask"])[0])
         return vals
     if kind == "loss_mask":
         if "loss_mask" in names:
-            return _flat_list(t["loss_mask"].combine_chunks())[0].astype(np.int8)
+            return flat_values(t["loss_mask"])[0].astype(np.int8)
         return np.ones(vals.size, np.int8)
     return None
 
@@ -275,7 +312,7 @@ def read_row_group(
                 f"{path}: row group {g} row {int(local[i])} has sample_id {int(got[i])}, the index "
                 f"says {int(sids[i])}: the file changed since indexing; delete the index cache"
             )
-    vals, lens = _flat_list(t["input_ids"].combine_chunks())
+    vals, lens = flat_values(t["input_ids"])
     _check_token_range(vals, path, g, local, sids, lens, spec.vocab_size, "token")
     sup = _supervision(t, vals, spec.supervision)
     if spec.supervision == "labels" and "labels" in t.column_names:
@@ -314,7 +351,7 @@ def read_row_group(
 def read_units(batch: pa.Table, fs, units_ref, spec: ReadSpec, on_retries=None) -> pa.Table:
     """Ray Data `map_batches` function: read each unit of `batch` (see `plan_read_units`).
 
-    `units_ref` is `[ObjectRef]` of the units dict (refs in fn_kwargs are not dereferenced);
+    `units_ref` is `[ObjectRef]` of the `ReadUnits` (refs in fn_kwargs are not dereferenced);
     `on_retries(n)`, when given, is called with the retries this batch needed, if any.
     """
     import ray
@@ -323,23 +360,15 @@ def read_units(batch: pa.Table, fs, units_ref, spec: ReadSpec, on_retries=None) 
     return in_background(_read_batch, batch, fs, u, spec, on_retries)
 
 
-def read_unit(fs, spec: ReadSpec, units: dict, j: int) -> tuple[pa.Table, int]:
-    """Unit `j` of `plan_read_units`' work list: its planned rows, keyed; (table, read retries)."""
-    lo, hi = units["ptr"][j], units["ptr"][j + 1]
+def read_unit(fs, spec: ReadSpec, u: UnitRows) -> tuple[pa.Table, int]:
+    """One unit's planned rows, keyed; (table, read retries)."""
     return read_row_group(
-        fs,
-        spec,
-        int(units["file_idx"][j]),
-        int(units["row_group"][j]),
-        units["local_rows"][lo:hi],
-        units["keys"][lo:hi],
-        units["sample_ids"][lo:hi],
-        units["lengths"][lo:hi],
+        fs, spec, u.file_idx, u.row_group, u.local_rows, u.keys, u.sample_ids, u.lengths
     )
 
 
-def _read_batch(batch: pa.Table, fs, u: dict, spec: ReadSpec, on_retries) -> pa.Table:
-    got = [read_unit(fs, spec, u, j) for j in batch["u"].to_pylist()]
+def _read_batch(batch: pa.Table, fs, u: ReadUnits, spec: ReadSpec, on_retries) -> pa.Table:
+    got = [read_unit(fs, spec, u.unit(j)) for j in batch["u"].to_pylist()]
     retries = sum(r for _, r in got)
     if retries and on_retries is not None:
         on_retries(retries)

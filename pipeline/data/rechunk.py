@@ -25,6 +25,7 @@ import pyarrow as pa
 from pipeline.core.collate import collate
 from pipeline.core.packed_collate import collate_packed
 from pipeline.core.plan import RankView
+from pipeline.data.listcolumn import values_offsets
 
 if TYPE_CHECKING:
     import torch
@@ -67,15 +68,10 @@ class _Rows:
 
     @classmethod
     def from_table(cls, t: pa.Table) -> _Rows:
-        def parts(name):
-            col = t[name]
-            arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-            return arr.values.to_numpy(), arr.offsets.to_numpy().astype(np.int64, copy=False)
-
-        values, offsets = parts("input_ids")
+        values, offsets = values_offsets(t["input_ids"])
         sv = so = None
         if "sup" in t.column_names:
-            sv, so = parts("sup")
+            sv, so = values_offsets(t["sup"])
         return cls(t["sample_id"].to_numpy(), values, offsets, sv, so)
 
     @property

@@ -47,6 +47,7 @@ import uuid
 import numpy as np
 import pyarrow as pa
 
+from pipeline.data.listcolumn import one_array, values_offsets
 from pipeline.data.read import id_type_for, plan_read_units
 
 __all__ = ["RowCache", "CachedRows", "row_cache_dir_for", "ROW_CACHE_VERSION", "MIN_FREE_BYTES"]
@@ -131,15 +132,11 @@ class CachedRows:
     token (and supervision) values with each row's offsets into them."""
 
     def __init__(self, table: pa.Table):
-        def flat(name):  # a file holds one record batch: one chunk, no copy
-            col = table[name]
-            arr = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
-            return arr.values.to_numpy(), arr.offsets.to_numpy()
-
+        # a file holds one record batch: one chunk, memory-mapped, no copy
         self.rows = table["row"].to_numpy()
         self.sample_ids = table["sample_id"].to_numpy()
-        self.values, self.offsets = flat("input_ids")
-        self.sup = flat("sup")[0] if "sup" in table.column_names else None
+        self.values, self.offsets = values_offsets(table["input_ids"])
+        self.sup = values_offsets(table["sup"])[0] if "sup" in table.column_names else None
 
     def positions(self, local: np.ndarray) -> np.ndarray | None:
         """Where rows `local` (row numbers in the row group) sit; None if any is not cached."""
@@ -158,7 +155,7 @@ class RowCache:
         self._keys = [
             _file_key(index, f, vocab_size, np.dtype(id_type)) for f in range(len(index.files))
         ]
-        self._all: dict | None = None  # every indexed row by (file, row group); see indexed()
+        self._all: tuple | None = None  # every indexed row, and each unit by (file, row group)
         self._lock = threading.Lock()
         self._warned = False
         self._verified: dict[str, tuple] = {}  # path -> the stat it was verified under
@@ -253,15 +250,16 @@ class RowCache:
                 u = plan_read_units(ix, ix.sample_ids, np.zeros(ix.num_samples, np.int64))
                 at = {
                     (int(a), int(b)): j
-                    for j, (a, b) in enumerate(zip(u["file_idx"], u["row_group"], strict=True))
+                    for j, (a, b) in enumerate(zip(u.file_idx, u.row_group, strict=True))
                 }
-                self._all = {"units": u, "at": at}
-        u, j = self._all["units"], self._all["at"].get((f, g))
+                self._all = (u, at)
+        u, at = self._all
+        j = at.get((f, g))
         if j is None:
             z = np.zeros(0, np.int64)
             return z, z, z
-        lo, hi = u["ptr"][j], u["ptr"][j + 1]
-        return u["local_rows"][lo:hi], u["sample_ids"][lo:hi], u["lengths"][lo:hi]
+        rows = u.unit(j)
+        return rows.local_rows, rows.sample_ids, rows.lengths
 
     def has_room(self, nbytes: int) -> bool:
         """Whether writing `nbytes` more leaves the disk its reserve (warns once when not)."""
@@ -330,8 +328,7 @@ def _content_digest(table: pa.Table) -> str:
     column as its row offsets from 0 and the values they span), over the arrays' own buffers."""
     h = hashlib.sha256()
     for name in table.column_names:
-        col = table[name]
-        arr = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+        arr = one_array(table[name])
         if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
             offs = arr.offsets.to_numpy()
             parts = (offs - offs[0], arr.values.to_numpy()[offs[0] : offs[-1]])

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow.fs as pafs
 
 from pipeline.core.plan import EpochPlan
-from pipeline.data.read import ReadSpec, read_units
+from pipeline.data.read import ReadSpec, ReadUnits, read_units
 
 __all__ = ["rows_per_block", "range_boundaries", "sorted_parts"]
 
@@ -67,7 +67,7 @@ def sorted_parts(
     fs: pafs.FileSystem,
     spec: ReadSpec,
     plan: EpochPlan,
-    units: dict,
+    units: ReadUnits,
     rank_rows: np.ndarray,
     block_rows: int,
     key: tuple,
@@ -78,7 +78,7 @@ def sorted_parts(
     import ray.data
 
     _configure_data_context()
-    items = [{"u": j} for j in range(len(units["file_idx"]))]  # one read task per unit
+    items = [{"u": j} for j in range(len(units))]  # one read task per unit
     me = ray.get_runtime_context().current_actor
     ds = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
         read_units,

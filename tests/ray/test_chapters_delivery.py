@@ -11,13 +11,8 @@ import numpy as np
 import pytest
 import ray
 
-from pipeline.core.chapters import (
-    chapter_end,
-    chapters_from,
-    lead_in_bounds,
-    plan_chapter_bounds,
-    step_tokens,
-)
+from pipeline.core.chapters import chapter_end, chapters_from, step_tokens
+from pipeline.core.ranges import chapter_bounds_for, lead_in_bounds
 from pipeline.data import (
     build_length_index,
     epoch_plan_for,
@@ -60,8 +55,7 @@ class Data:
         return epoch_plan_for(self.cfg, self.index, self.edges, epoch, world)
 
     def bounds(self, plan):
-        d = self.cfg.data
-        return plan_chapter_bounds(plan, max_steps=d.chapter_steps, max_tokens=d.chapter_tokens)
+        return chapter_bounds_for(plan, self.cfg.data)
 
     def streams(self, cfg, world, epoch=0, start_step=0):
         name = self.feeder(cfg)

@@ -10,20 +10,18 @@ from hypothesis import strategies as st
 from pipeline.core.chapters import (
     DEFAULT_CHAPTER_TOKENS,
     Chapter,
-    RangeBook,
-    RankPositions,
     chapter_bounds,
     chapter_of,
     chapter_plan,
     chapter_read_bytes,
     chapters_from,
-    lead_in_bounds,
     plan_chapter_bounds,
     row_group_of,
     step_tokens,
 )
 from pipeline.core.config import TEAM_EDGES, BatchingConfig, DataConfig
 from pipeline.core.plan import epoch_plan
+from pipeline.core.ranges import lead_in_bounds
 from pipeline.core.synthetic import seed902k_lengths
 from tests.unit.test_plan_contracts import _plan, planning_inputs
 
@@ -111,16 +109,6 @@ def test_a_lead_in_then_the_chapters_deliver_the_epoch_tail(inp, cap, lead, data
     _assert_same_stream([chapter_plan(p, a, e) for a, e in ranges], p.slice(s))
 
 
-def test_a_lead_in_grows_fourfold_up_to_the_chapter_end():
-    b = np.array([0, 100, 200])
-    assert lead_in_bounds(np.full(200, 10), b, 0, 20).tolist() == [0, 2, 10, 42, 100]
-    # from a resume in the second chapter; a step larger than the lead is a range of its own
-    assert lead_in_bounds(np.full(200, 10), b, 150, 5).tolist() == [150, 151, 153, 161, 193, 200]
-    assert lead_in_bounds(np.full(200, 10), b, 0, 10**6).tolist() == [0, 100]
-    with pytest.raises(ValueError, match="lead_tokens and growth must be >= 1"):
-        lead_in_bounds(np.ones(3), np.array([0, 3]), 0, 0)
-
-
 def test_balanced_cut_uses_the_fewest_chapters_of_equal_size():
     b = chapter_bounds(np.full(100, 10), max_tokens=250)
     assert b.tolist() == [0, 25, 50, 75, 100]  # ceil(1000 / 250) chapters of 250 tokens
@@ -188,30 +176,3 @@ def test_read_estimate_counts_each_row_group_once_per_chapter_touching_it(inp, s
     assert got["epoch_bytes"] == pytest.approx(sum(got["bytes"]))
     whole = chapter_read_bytes(p, b[[0, -1]], rg[p.sample_ids], rg_bytes)
     assert whole["epoch_bytes"] <= got["epoch_bytes"] + 1e-6
-
-
-def test_a_chapter_is_needed_until_every_rank_of_the_world_has_passed_it():
-    pos = RankPositions()
-    pos.move(0, 2, 10, rank=0)
-    assert not pos.passed(0, 5)  # rank 1 has not said where it is
-    pos.move(0, 2, 4, rank=1)
-    assert pos.passed(0, 4) and not pos.passed(0, 5)
-    pos.move(1, 2, 0, rank=1)
-    assert pos.passed(0, 10) and not pos.passed(0, 11)  # (epoch, step) order
-    pos.move(1, 3, 0, rank=0)  # a resized world: nobody else has spoken yet
-    assert not pos.passed(0, 0)
-
-
-def test_range_ends_are_decided_once_and_a_decided_end_continues_the_stream():
-    book = RangeBook()
-    assert book.end(0, 2, 0) is None and not book.continues(0, 2, 0)  # cold: may lead in
-    assert book.record(0, 2, [0, 3, 10, 40], epoch_steps=50) == 3
-    assert [book.end(0, 2, s) for s in (0, 3, 10)] == [3, 10, 40]
-    assert book.continues(0, 2, 40) and not book.continues(0, 2, 41)  # a resume at 41 leads in
-    # a second decision from a decided start keeps the first (every rank gets the same end)
-    assert book.record(0, 2, [3, 40], epoch_steps=50) == 10
-    assert book.record(0, 2, [40, 50], epoch_steps=50) == 50
-    assert book.continues(1, 2, 0) and not book.continues(1, 3, 0)  # next epoch, same world
-    book.forget(0, 2)
-    assert book.end(0, 2, 0) is None and not book.continues(0, 2, 40)
-    assert book.continues(1, 2, 0)  # belongs to epoch 1
