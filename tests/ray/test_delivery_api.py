@@ -99,12 +99,11 @@ def _the_first_range_is_prepared_before_any_request(delivery):
 def _a_feeder_planned_differently_is_refused(cfg, delivery):
     """A feeder under the delivery's name serving another plan (another seed): every rank
     refuses its answer instead of training on it (contract 6)."""
-    from pipeline.data import PlanMismatchError, start_feeder
-    from pipeline.data.driver import find_run_data
+    from pipeline.data import PlanMismatchError, build_length_index, start_feeder
 
     other = cfg.model_copy(update={"plan": cfg.plan.model_copy(update={"seed": cfg.plan.seed + 1})})
-    data = find_run_data(other)
-    start_feeder(other, data.index, delivery.edges, name=delivery.feeder, path=data.path)
+    index = build_length_index(other, delivery.path)
+    start_feeder(other, index, delivery.edges, name=delivery.feeder, path=delivery.path)
     with pytest.raises(PlanMismatchError, match="epoch 0: the feeder's plan has hash"):
         next(api.iter_micro_batches(delivery, epoch=0, rank=0, world_size=2))
     with pytest.raises(PlanMismatchError):
