@@ -2,7 +2,7 @@
 
 On the driver, once:
 
-    with prepare_delivery(cfg) as delivery:   # index, bucket edges, feeder actor started
+    with prepare_delivery(cfg) as delivery:   # index, edges, epoch plans, feeder started
         trainer = TorchTrainer(my_loop, train_loop_config={"delivery": delivery.to_dict(), ...})
         trainer.fit()                         # the feeder stops at the end of the block
 
@@ -18,10 +18,13 @@ In each Ray Train worker:
 
 Every rank gets exactly one micro-batch per global step of the epoch, all from the same bucket
 (`mb.bucket`), in the same order on every rank: the epoch's plan depends on (plan.seed, epoch)
-and not on the world size, so the global batches are the same on 1 or 64 workers. To resume,
-pass the next step as `start_step`. A rank's share of a small bucket's last batch can be empty
-(B = 0): `batch_tensors` then returns a one-row batch with no supervised token, so the rank
-still takes part in every DDP collective. `labels` are aligned with `input_ids` (shift them
+and not on the world size, so the global batches are the same on 1 or 64 workers; each rank
+checks that the feeder serves the plans the driver made (`Delivery.plan_hashes`). The driver
+side is `jobs.train`'s (`pipeline.data.driver`). To resume, pass the next step as `start_step`
+(and the steps done to `prepare_delivery`, which starts reading there). A rank's share of a
+small bucket's last batch can be empty (B = 0): `batch_tensors` then returns a one-row batch
+with no supervised token (`pipeline.data.tensors`), so the rank still takes part in every DDP
+collective. `labels` are aligned with `input_ids` (shift them
 by one for next-token loss) and are -100 on padding and on unsupervised tokens.
 
 With batching.mode=packed the steps are packed rows (docs/architecture.md, "Packed rows"): a
@@ -35,14 +38,19 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
 from pipeline.core.collate import IGNORE_INDEX
-from pipeline.core.config import ConfigError, RunConfig
-from pipeline.core.epochs import resolve_edges, run_epoch_plans
-from pipeline.core.runlength import run_length
+from pipeline.core.config import RunConfig
 from pipeline.data.connect import connect
-from pipeline.data.feeder import start_feeder, stop_feeder
-from pipeline.data.index import build_length_index, resolve_data_path
+from pipeline.data.driver import (
+    find_run_data,
+    fixed_world_size,
+    plan_run,
+    run_position,
+    start_run_feeder,
+)
+from pipeline.data.feeder import stop_feeder
 from pipeline.data.rechunk import MicroBatch
 from pipeline.data.stream import rank_batches
+from pipeline.data.tensors import batch_tensors
 
 __all__ = [
     "Delivery",
@@ -69,6 +77,9 @@ class Delivery:
     # batching.fill greedy each epoch's plan has its own count.
     epoch_steps: list[int] = field(default_factory=list)
     total_steps: int = 0  # global steps of the whole run (train.epochs, train.max_steps)
+    # Each planned epoch's plan hash: a rank refuses a feeder answer planned differently.
+    plan_hashes: list[str] = field(default_factory=list)
+    world_size: int = 1  # the world size the epochs were planned at
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -84,27 +95,45 @@ class Delivery:
         return cls(**d)
 
 
-def prepare_delivery(cfg: RunConfig, *, name: str | None = None) -> Delivery:
-    """Driver side: find (or build) the data, index it, choose the edges, start the feeder.
+def prepare_delivery(
+    cfg: RunConfig,
+    *,
+    name: str | None = None,
+    world_size: int | None = None,
+    start_step: int = 0,
+) -> Delivery:
+    """Driver side: find (or build) the data, index it, choose the edges, plan the run's epochs,
+    start the feeder -- the setup `jobs.train` makes (`pipeline.data.driver`).
 
-    Starts Ray if it is not up yet (`pipeline.data.connect`: the cluster in RAY_ADDRESS, else a
-    private local one; a named cluster that does not answer fails in seconds). The feeder
-    lives until `stop_delivery`, the end of a `with prepare_delivery(cfg) as delivery:` block, or
-    the end of the driver.
+    `world_size`: the workers your trainer runs (default scaling.num_workers); the epochs are
+    planned at it, and the feeder starts preparing the first range the ranks will ask for, from
+    the run's global step `start_step` (the steps a resumed run has done), while the workers
+    start (not with an elastic scaling.min_workers and no `world_size`: the world size is then
+    only known in the workers). Starts Ray if it is not up yet (`pipeline.data.connect`: the cluster in RAY_ADDRESS,
+    else a private local one; a named cluster that does not answer fails in seconds). The
+    feeder lives until `stop_delivery`, the end of a `with prepare_delivery(cfg) as delivery:`
+    block, or the end of the driver.
     """
     connect()
-    path = resolve_data_path(cfg)
-    index = build_length_index(cfg, path)
-    edges = [int(e) for e in resolve_edges(cfg, index.lengths)]
-    steps = [p.num_steps for p in run_epoch_plans(cfg, index, edges, world_size=1)]
-    if steps[0] == 0:
-        raise ConfigError(
-            f"no training steps: {len(index.lengths)} valid samples under buckets {edges}"
-        )
+    data = find_run_data(cfg)
+    known = world_size if world_size is not None else fixed_world_size(cfg)
+    world = known if known is not None else cfg.scaling.num_workers  # elastic: as jobs.train
+    plan = plan_run(cfg, data, world_size=world)
     name = name or f"bucketray-feeder-{uuid.uuid4().hex[:8]}"
-    start_feeder(cfg, index, edges, name=name, path=path)
-    total = run_length(steps, cfg.train).global_steps
-    return Delivery(name, path, edges, steps[0], int(len(index.lengths)), steps, total)
+    start_run_feeder(
+        cfg, data, plan, name=name, world_size=known, at=run_position(plan, start_step)
+    )
+    return Delivery(
+        feeder=name,
+        path=data.path,
+        edges=data.edges,
+        steps_per_epoch=plan.steps[0],
+        num_samples=int(len(data.index.lengths)),
+        epoch_steps=plan.steps,
+        total_steps=plan.total_steps,
+        plan_hashes=plan.hashes,
+        world_size=world,
+    )
 
 
 def stop_delivery(delivery: Delivery) -> None:
@@ -135,6 +164,7 @@ def iter_micro_batches(
     steps = planned[epoch] if epoch < len(planned) else delivery.steps_per_epoch
     if not 0 <= start_step <= steps:
         raise ValueError(f"start_step={start_step} is outside the epoch's 0..{steps} steps")
+    hashes = delivery.plan_hashes
     yield from rank_batches(
         delivery.feeder,
         epoch=epoch,
@@ -142,6 +172,8 @@ def iter_micro_batches(
         rank=rank,
         world_size=world_size,
         pin_memory=pin_memory,
+        # the feeder must serve the plans the driver made (PlanMismatchError otherwise)
+        plan_hash=hashes[epoch] if epoch < len(hashes) else None,
     )
 
 
@@ -184,25 +216,3 @@ def next_token_loss(logits, labels):
         logits.flatten(0, 1), target.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
     )
     return total / max(int((target != IGNORE_INDEX).sum()), 1)
-
-
-def batch_tensors(mb: MicroBatch, device=None) -> dict:
-    """The micro-batch's tensors on `device`: input_ids, attention_mask, position_ids, labels
-    (int64 [B, L]; with batching.mode=packed, B rows of row_tokens whose attention_mask holds
-    each token's document number as int32, 0 on padding, and positions restart per document:
-    the model must attend within documents, pipeline/learn/packed_attention.py). An empty
-    micro-batch becomes a 1 x 2 batch whose labels are all -100."""
-    import torch
-
-    if mb.input_ids.numel() == 0:
-        z = torch.zeros(1, 2, dtype=torch.int64)
-        t = {
-            "input_ids": z,
-            "attention_mask": torch.tensor([[1, 0]]),
-            "position_ids": z,
-            "labels": torch.full_like(z, IGNORE_INDEX),
-        }
-    else:
-        names = ("input_ids", "attention_mask", "position_ids", "labels")
-        t = {n: getattr(mb, n) for n in names}
-    return {k: v.to(device, non_blocking=True) if device is not None else v for k, v in t.items()}

@@ -23,11 +23,18 @@ import numpy as np
 import pyarrow.fs as pafs
 
 from pipeline.core.config import ConfigError, RunConfig
-from pipeline.core.epochs import packed_epoch_metrics, run_epoch_plans
+from pipeline.core.epochs import packed_epoch_metrics
 from pipeline.core.metrics import padding_efficiency
 from pipeline.core.plan import EpochPlan
-from pipeline.core.runlength import run_length
 from pipeline.data.connect import CONNECT_TIMEOUT_S, connect
+from pipeline.data.driver import (
+    RunData,
+    RunPlan,
+    find_run_data,
+    fixed_world_size,
+    plan_run,
+    start_run_feeder,
+)
 from pipeline.learn.checkpoint import SAVE_FAIL_ENV
 from pipeline.train.console import (
     WORKER_ENV,
@@ -211,28 +218,20 @@ def _run_fs(cfg: RunConfig) -> tuple[pafs.FileSystem, str]:
     return fs or pafs.LocalFileSystem(), f"{path.rstrip('/')}/{cfg.checkpoint.run_name}"
 
 
-def _plan_epochs(cfg: RunConfig, index, edges: list[int]) -> tuple[list[dict], list[int]]:
-    """Plan every epoch the run reaches (up to train.max_steps): each epoch's hash and metrics,
-    and its planned global steps."""
-    epochs, steps = [], []
-    for plan in run_epoch_plans(cfg, index, edges, cfg.scaling.num_workers):
-        if plan.num_steps == 0:
-            raise ConfigError(
-                f"no training steps: {len(index.lengths)} valid samples under buckets {edges} "
-                "(with batching.drop_remainder, every bucket may be smaller than one global batch)"
-            )
-        epochs.append(
-            {
-                "hash": plan.content_hash,
-                "metrics": {
-                    **epoch_metrics(plan, edges, cfg.batching.pad_to_multiple_of),
-                    **packed_epoch_metrics(cfg, plan),
-                    **truncation_metrics(index),
-                },
-            }
-        )
-        steps.append(plan.num_steps)
-    return epochs, steps
+def _plan_epochs(cfg: RunConfig, data: RunData) -> tuple[RunPlan, list[dict]]:
+    """Plan every epoch the run reaches (up to train.max_steps) at scaling.num_workers: the plan
+    and, per epoch, its hash and `epoch/*` metrics."""
+
+    def describe(plan: EpochPlan) -> dict:
+        return {
+            **epoch_metrics(plan, data.edges, cfg.batching.pad_to_multiple_of),
+            **packed_epoch_metrics(cfg, plan),
+            **truncation_metrics(data.index),
+        }
+
+    plan = plan_run(cfg, data, world_size=cfg.scaling.num_workers, describe=describe)
+    epochs = [{"hash": h, "metrics": m} for h, m in zip(plan.hashes, plan.described, strict=True)]
+    return plan, epochs
 
 
 def run(cfg: RunConfig, *, address: str | None = None, debug: bool = False) -> TrainSummary:
@@ -253,19 +252,16 @@ def _run_leased(
 ) -> TrainSummary:
     import ray
 
-    from pipeline.data import build_length_index, resolve_data_path, resolve_edges, start_feeder
     from pipeline.data.rowcache import RowCache
 
     _check_resources(cfg, wait_s=NODES_WAIT_S if init_ray(address, debug=debug) else 0.0)
-    path = resolve_data_path(cfg)
-    index = build_length_index(cfg, path)
-    edges = [int(e) for e in resolve_edges(cfg, index.lengths)]
+    data = find_run_data(cfg)
+    index, edges = data.index, data.edges
     check_pretrained_model(cfg, edges[-1])
     # Every epoch the run reaches is planned here: with greedy fill, steps per epoch vary
     # slightly between epochs, and the schedule, progress and resume use these planned counts.
-    epochs, steps = _plan_epochs(cfg, index, edges)
-    length = run_length(steps, cfg.train)
-    total = length.global_steps
+    plan, epochs = _plan_epochs(cfg, data)
+    steps, total = plan.steps, plan.total_steps
     files = data_file_digests(index)
     check_resume_on_driver(cfg, fs, rdir, edges, epochs, files)
     note = truncation_note(index)
@@ -284,12 +280,11 @@ def _run_leased(
     # The stop flag is owned by this driver and dies with it: a request can only be this run's.
     flag = create_stop_flag(stop_flag_name(cfg.checkpoint.run_name))
     feeder_name = f"bucketray-feeder-{cfg.checkpoint.run_name}-{uuid.uuid4().hex[:8]}"
-    feeder = start_feeder(cfg, index, edges, name=feeder_name, path=path)
-    if cfg.scaling.min_workers is None:  # the world size is known: read while workers start
-        found = latest_position(fs, rdir)
-        at = (found[1].epoch, found[1].next_step) if found else (0, 0)
-        if at[0] < len(epochs):
-            feeder.start_at.remote(at[0], cfg.scaling.num_workers, at[1])
+    found = latest_position(fs, rdir)  # where the workers will start: the first range starts now
+    at = (found[1].epoch, found[1].next_step) if found else (0, 0)
+    feeder = start_run_feeder(
+        cfg, data, plan, name=feeder_name, world_size=fixed_world_size(cfg), at=at
+    )
     try:
         result = _fit(cfg, _loop_inputs(cfg, feeder_name, edges, steps, epochs, files), flag)
     finally:

@@ -3,8 +3,8 @@
 Every rank receives one micro-batch per global step, all from the same bucket; `train.grad_accum`
 global steps make one optimizer step. The loss of a group is the sum of token losses over all
 ranks divided by the all-reduced number of supervised tokens (contract 9). A rank whose
-micro-batch is empty still runs forward and backward, on a one-row dummy whose loss weight is
-zero, so it joins every DDP collective (contracts 3 and 4).
+micro-batch is empty still runs forward and backward, on the placeholder batch whose loss weight
+is zero (`pipeline.data.tensors.empty_batch`), so it joins every DDP collective (contracts 3 and 4).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from pipeline.core.collate import IGNORE_INDEX
+from pipeline.data.tensors import batch_tensors
 from pipeline.learn.loss import ddp_loss_scale, supervised_tokens, token_sums
 
 __all__ = ["GroupStats", "all_reduce", "train_group"]
@@ -57,25 +57,6 @@ def all_reduce(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _dummy_inputs(device: torch.device) -> dict[str, torch.Tensor]:
-    """A 1 x 2 batch with no supervised token: forward/backward touch every parameter with a
-    zero loss, so an empty micro-batch still takes part in DDP's gradient all-reduce."""
-    z = torch.zeros(1, 2, dtype=torch.int64, device=device)
-    return {
-        "input_ids": z,
-        "attention_mask": torch.tensor([[1, 0]], device=device),
-        "position_ids": z,
-        "labels": torch.full_like(z, IGNORE_INDEX),
-    }
-
-
-def _inputs(mb, device: torch.device) -> dict[str, torch.Tensor]:
-    if mb.input_ids.numel() == 0:
-        return _dummy_inputs(device)
-    names = ("input_ids", "attention_mask", "position_ids", "labels")
-    return {n: getattr(mb, n).to(device, non_blocking=True) for n in names}
-
-
 def train_group(
     model: nn.Module,
     group: list,
@@ -93,7 +74,7 @@ def train_group(
     scale = ddp_loss_scale(int(global_tokens.sum()), world_size)
     sums = []
     for i, mb in enumerate(group):
-        x = _inputs(mb, device)
+        x = batch_tensors(mb, device)
         # Only the last micro-step of the group all-reduces gradients.
         sync = i == n - 1 or not isinstance(model, DistributedDataParallel)
         with contextlib.nullcontext() if sync else model.no_sync():

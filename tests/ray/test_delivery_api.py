@@ -29,6 +29,7 @@ def test_driver_prepares_and_ranks_iterate_their_micro_batches(cluster, tmp_path
     )
     delivery = api.prepare_delivery(cfg, name="api-test-feeder")
     try:
+        _the_first_range_is_prepared_before_any_request(delivery)
         assert api.Delivery.from_dict(delivery.to_dict()) == delivery
         S, world = delivery.steps_per_epoch, 2
         ranks = [
@@ -52,6 +53,7 @@ def test_driver_prepares_and_ranks_iterate_their_micro_batches(cluster, tmp_path
         with pytest.raises(ValueError, match="start_step"):
             next(api.iter_micro_batches(delivery, epoch=0, start_step=S + 1, rank=0, world_size=2))
         _the_run_spans_epochs_and_resumes_at_a_global_step(cfg, delivery, ranks[0])
+        _a_feeder_planned_differently_is_refused(cfg, delivery)
     finally:
         api.stop_delivery(delivery)
 
@@ -75,6 +77,37 @@ def _the_run_spans_epochs_and_resumes_at_a_global_step(cfg, delivery, epoch0):
         tail = list(api.iter_run(delivery, start_step=k, rank=0, world_size=2))
         assert [(mb.epoch, mb.step) for mb in tail] == where[k:]
     assert list(api.iter_run(delivery, start_step=50, rank=0, world_size=2)) == []
+
+
+def _the_first_range_is_prepared_before_any_request(delivery):
+    """prepare_delivery asked the feeder for the first range at the workers' world size
+    (scaling.num_workers = 2) before any rank asked: it shows up without a request."""
+    import time
+
+    import ray
+
+    feeder = ray.get_actor(delivery.feeder)
+    deadline = time.monotonic() + 60
+    while not (jobs := ray.get(feeder.status.remote())) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    keys = [
+        j["key"] if "key" in j else (j["epoch"], j["world_size"], j["start_step"]) for j in jobs
+    ]
+    assert [tuple(k[:3]) for k in keys] == [(0, 2, 0)] and delivery.world_size == 2
+
+
+def _a_feeder_planned_differently_is_refused(cfg, delivery):
+    """A feeder under the delivery's name serving another plan (another seed): every rank
+    refuses its answer instead of training on it (contract 6)."""
+    from pipeline.data import PlanMismatchError, build_length_index, start_feeder
+
+    other = cfg.model_copy(update={"plan": cfg.plan.model_copy(update={"seed": cfg.plan.seed + 1})})
+    index = build_length_index(other, delivery.path)
+    start_feeder(other, index, delivery.edges, name=delivery.feeder, path=delivery.path)
+    with pytest.raises(PlanMismatchError, match="epoch 0: the feeder's plan has hash"):
+        next(api.iter_micro_batches(delivery, epoch=0, rank=0, world_size=2))
+    with pytest.raises(PlanMismatchError):
+        next(api.iter_run(delivery, start_step=delivery.epoch_steps[0], rank=1, world_size=2))
 
 
 def test_an_empty_share_becomes_a_batch_without_supervised_tokens():

@@ -211,6 +211,7 @@ def test_a_refused_resume_names_the_shard_that_changed(cluster, tmp_path, capsys
 
     from pipeline.data import build_length_index
     from pipeline.data.corpus import write_corpus
+    from pipeline.data.driver import RunData, plan_run
     from pipeline.train.resume_check import data_file_digests
 
     data = tmp_path / "data"
@@ -225,9 +226,9 @@ def test_a_refused_resume_names_the_shard_that_changed(cluster, tmp_path, capsys
     cfg = load_config("configs/local.yaml", [s for s in sets if s != "--set"])
     index = build_length_index(cfg)
     edges = [int(e) for e in cfg.buckets.edges]
-    epochs, _ = launch._plan_epochs(cfg, index, edges)
+    plan = plan_run(cfg, RunData(str(data), index, edges), world_size=cfg.scaling.num_workers)
     pos = DataPosition(
-        0, 5, epochs[0]["hash"], 2, global_batch_definition(cfg, edges), 5, data_file_digests(index)
+        0, 5, plan.hashes[0], 2, global_batch_definition(cfg, edges), 5, data_file_digests(index)
     )
     ckpt = tmp_path / "runs" / "refused" / "checkpoint_step00000005"
     ckpt.mkdir(parents=True)

@@ -96,7 +96,7 @@ def test_a_run_directory_in_use_is_refused_before_ray_starts(tmp_path, monkeypat
 def test_a_signal_while_the_index_is_built_ends_with_one_closing_line(
     tmp_path, monkeypatch, capsys, sig
 ):
-    import pipeline.data as data
+    import pipeline.data.driver as data
 
     monkeypatch.setattr(launch, "init_ray", lambda address=None, **kw: False)
     monkeypatch.setattr(launch, "_check_resources", lambda cfg, wait_s: None)
