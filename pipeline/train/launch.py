@@ -144,11 +144,13 @@ def run_dir(cfg: RunConfig) -> str:
     return f"{storage_path(cfg).rstrip('/')}/{cfg.checkpoint.run_name}"
 
 
-def epoch_metrics(plan: EpochPlan, edges: list[int], pad_to_multiple_of: int) -> dict:
-    """`epoch/*` metrics: steps, samples and tokens per bucket, planned padding efficiency, hash."""
+def epoch_metrics(plan: EpochPlan, pad_to_multiple_of: int) -> dict:
+    """`epoch/*` metrics: steps, samples and tokens per bucket, planned padding efficiency, hash.
+    Micro-batches are capped at their bucket's edge in the plan's own edges (a sorted or random
+    plan is one bucket, whatever edges the config names)."""
     s = plan.summary()
     lens, offsets = plan.micro_batch_lengths()
-    cap = np.asarray(edges)[1:][plan.micro_batch_buckets()]
+    cap = np.asarray(plan.edges)[1:][plan.micro_batch_buckets()]
     out = {
         "epoch/steps": s["steps"],
         "epoch/samples": s["samples"],
@@ -224,7 +226,7 @@ def _plan_epochs(cfg: RunConfig, data: RunData) -> tuple[RunPlan, list[dict]]:
 
     def describe(plan: EpochPlan) -> dict:
         return {
-            **epoch_metrics(plan, data.edges, cfg.batching.pad_to_multiple_of),
+            **epoch_metrics(plan, cfg.batching.pad_to_multiple_of),
             **packed_epoch_metrics(cfg, plan),
             **truncation_metrics(data.index),
         }

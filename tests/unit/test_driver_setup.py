@@ -6,6 +6,7 @@ the feeder is a fake that records what the driver asks of it."""
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -167,3 +168,36 @@ def test_jobs_train_and_the_own_loop_give_an_empty_share_the_same_placeholder():
     for k, v in seen[0].items():
         assert torch.equal(v, want[k]), k
     assert stats.tokens.tolist() == [0] and stats.samples.tolist() == [0]
+
+
+@pytest.mark.parametrize("policy", ["sorted", "random", "bucketed"])
+def test_planned_padding_counts_what_collate_pads_under_every_policy(policy):
+    """epoch/planned_padding_efficiency caps each micro-batch at its bucket's edge in the plan's
+    own edges: a sorted or random plan is one bucket, whatever edges the config names (capping
+    at the config's first edge once overstated it)."""
+    from pipeline.core.collate import padded_length
+    from pipeline.core.config import validate
+    from pipeline.core.epochs import epoch_plan_for, resolve_edges
+    from pipeline.train.launch import epoch_metrics
+
+    raw = {
+        "data": {"synthetic": {"num_samples": 3000}, "max_length": 128},
+        "buckets": {"edges": [0, 32, 64, 128]},
+        "model": {"d_model": 32, "n_heads": 2},
+    }
+    if policy != "bucketed":
+        raw["plan"] = {"policy": policy}
+    cfg = validate(raw)
+    lengths = np.random.default_rng(0).integers(1, 129, 3000)
+    index = SimpleNamespace(sample_ids=np.arange(3000), lengths=lengths)
+    plan = epoch_plan_for(cfg, index, resolve_edges(cfg, lengths), 0, 2)
+    lens, offsets = plan.micro_batch_lengths()
+    buckets = plan.micro_batch_buckets()
+    real = paid = 0
+    for i, b in enumerate(buckets):  # what collate pads each micro-batch to, one at a time
+        mb = lens[offsets[i] : offsets[i + 1]]
+        if mb.size:
+            real += int(mb.sum())
+            paid += mb.size * padded_length(int(mb.max()), int(plan.edges[b + 1]), 8)
+    got = epoch_metrics(plan, 8)["epoch/planned_padding_efficiency"]
+    assert got == pytest.approx(real / paid)
