@@ -81,3 +81,42 @@ def test_importing_the_runtime_loads_no_benchmark_and_no_matplotlib():
     loaded = set(eval(out.stdout.strip()))  # a printed list of top-level module names
     assert "pipeline" in loaded and "jobs" in loaded  # the imports did run
     assert not loaded & {"bench", "matplotlib"}, sorted(loaded & {"bench", "matplotlib"})
+
+
+# Which layer may import which: jobs -> bench -> train -> data -> core, and learn -> core
+# (train also uses learn). An import against the arrows is a cycle between layers in waiting.
+LAYERS_MAY_IMPORT = {
+    "pipeline.core": set(),
+    "pipeline.learn": {"pipeline.core"},
+    "pipeline.data": {"pipeline.core"},
+    "pipeline.train": {"pipeline.core", "pipeline.data", "pipeline.learn"},
+}
+
+
+def _layer_imports(folder: Path) -> dict[str, set[str]]:
+    """pipeline.<layer> -> the other pipeline layers its files import (module level or not)."""
+    out: dict[str, set[str]] = {}
+    for p in sorted(folder.rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text(), filename=str(p))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                parts = name.split(".")
+                if parts[0] == "pipeline" and len(parts) > 1:
+                    layer = "pipeline." + parts[1]
+                    if layer != f"pipeline.{folder.name}":
+                        out.setdefault(str(p.relative_to(ROOT)), set()).add(layer)
+    return out
+
+
+def test_the_library_layers_import_one_way():
+    against = {}
+    for layer, allowed in LAYERS_MAY_IMPORT.items():
+        for path, used in _layer_imports(ROOT / "pipeline" / layer.split(".")[1]).items():
+            if used - allowed:
+                against[path] = sorted(used - allowed)
+    assert against == {}, f"imports against the layers {LAYERS_MAY_IMPORT}: {against}"
