@@ -11,6 +11,7 @@ from pathlib import Path
 from pipeline.bench.fullbatch import render_budget
 from pipeline.bench.plots import TEAM_KTOK_S, TEAM_MEASURED
 from pipeline.bench.render_first_step import section_first_steps
+from pipeline.bench.render_packed import section_packed
 from pipeline.bench.render_quality import _section_quality
 from pipeline.bench.render_training import _section_training
 from pipeline.bench.render_util import (
@@ -462,6 +463,7 @@ def render_markdown(
     out += render_budget(results)
     out += _section_training(results, doc_path, plots)
     out += _section_quality(results, doc_path, plots)
+    out += section_packed(results)
     out += _section_delivery(results)
     out += _section_run(results)
     return "\n".join(out)
