@@ -20,11 +20,9 @@ pytestmark = pytest.mark.ray
 ROW_TOKENS, ROWS_PER_STEP, WORLD = 256, 4, 2  # rows of ~4 of the 64-token samples
 
 
-# A feeder and an epoch through it (~50 s on a loaded 2-core machine): make test-slow. The default
-# suite keeps the own-loop calls on packed micro-batches without Ray
-# (tests/unit/test_own_loop_packed_batches.py) and the packed plans the feeder delivers
-# (tests/unit/test_packed_plan.py).
-@pytest.mark.slow
+# A feeder and one epoch through it in this process, on the session's shared cluster (~5 s of
+# call): the default suite. tests/unit/test_own_loop_packed_batches.py checks the same calls on
+# packed micro-batches without Ray.
 def test_own_loop_trains_the_tiny_decoder_on_packed_rows_every_planned_sample_once(
     cluster, tmp_path
 ):
@@ -77,6 +75,6 @@ def test_own_loop_trains_the_tiny_decoder_on_packed_rows_every_planned_sample_on
         loss.backward()
         opt.step()
         opt.zero_grad()
-        losses.append(float(loss))
+        losses.append(loss.item())
     assert np.isfinite(losses).all()
     assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5])
