@@ -12,6 +12,7 @@ from pathlib import Path
 from bench.fullbatch import render_budget
 from bench.plots import TEAM_KTOK_S, TEAM_MEASURED
 from bench.render_first_step import section_first_steps
+from bench.render_packed import section_packed
 from bench.render_quality import section_quality
 from bench.render_training import section_training
 from bench.render_util import (
@@ -465,6 +466,7 @@ def render_markdown(
     out += render_budget(results)
     out += section_training(results, doc_path, plots)
     out += section_quality(results, doc_path, plots)
+    out += section_packed(results)
     out += _section_delivery(results)
     out += _section_run(results)
     return "\n".join(out)

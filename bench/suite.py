@@ -53,6 +53,8 @@ class SuiteOptions:
     train_repeats: int = 3
     train_token_budget_rounds: int = 1  # extra rounds under a token budget (0: skip)
     realtext_steps: int = 300  # steps on the real-text corpus (bench.realtext; 0: skip)
+    packed_samples: int = 6000  # "Packed rows": demo corpus size (bench.packed_training)
+    packed_repeats: int = 2  # "Packed rows": training rounds (0: skip the section)
     delivery: bool = True
     delivery_samples: list[int] = field(default_factory=lambda: [100_000])
     delivery_repeats: int = 3
@@ -85,6 +87,8 @@ class SuiteOptions:
             train_repeats=1,
             train_token_budget_rounds=0,
             realtext_steps=40,
+            packed_samples=600,
+            packed_repeats=1,
             delivery_samples=[5_000],
             delivery_repeats=1,
             delivery_chapter_tokens=2**20,
@@ -379,6 +383,11 @@ def run_suite(
                 results["training"]["realtext"] = measure_realtext(
                     work, max_length=max_length, max_steps=opts.realtext_steps, log=log
                 )
+                save(results)
+            if opts.packed_repeats:  # the "Packed rows" section
+                from bench.packed_training import section_packed_rows
+
+                results["packed"] = section_packed_rows(opts, log)
                 save(results)
         else:
             results["training"] = {"skipped": "--skip-training"}

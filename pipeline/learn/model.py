@@ -11,9 +11,9 @@ position i may see (j <= i) is a real token. Padding rows attend to what precede
 outputs are finite and never reach the loss (their labels are IGNORE_INDEX).
 
 Packed rows (several documents per row, `attention_mask` holding document numbers) attend within
-each document instead (pipeline.learn.packed_attention: flash varlen on CUDA, a block-diagonal
-causal mask elsewhere); positions restart per document, so each document computes what it
-would alone.
+each document instead (pipeline.learn.packed_attention: flash varlen on CUDA; elsewhere causal
+SDPA over the documents gathered into a few length groups, no [T, T] mask); positions restart
+per document, so each document computes what it would alone.
 """
 
 from __future__ import annotations

@@ -9,8 +9,17 @@ Kernels, chosen per call:
 - CUDA, fp16/bf16, no attention dropout: `torch.nn.attention.varlen.varlen_attn` (flash
   attention over the row's documents as variable-length sequences; cu_seqlens from the
   document numbers). Work is the sum of the documents' causal squares, not the row's.
-- Otherwise (CPU, fp32, dropout): SDPA with a block-diagonal causal boolean mask [B, 1, T, T]:
-  exact everywhere, but it computes (and stores) the row's whole square, so it is the slow path.
+- Otherwise (CPU, fp32, dropout): the documents of the batch are gathered into a few groups of
+  similar length (`length_groups`: lengths within a factor of sqrt(2)), each group padded at the
+  end of every document to its longest and run through SDPA with `is_causal=True`, then
+  scattered back. A pad only follows its document's real tokens, so causality alone keeps every
+  real query away from it: no [T, T] mask is built, and the work is the sum of the documents'
+  causal squares times at most 2 (a document is padded to under sqrt(2) times its length)
+  instead of the row's whole square. Index tensors do the gather and scatter; the only Python
+  loop is over the groups (at most 2 * log2(T) + 1).
+- `block_causal_mask`: the same attention as one SDPA call with a block-diagonal causal boolean
+  mask [B, 1, T, T]. It computes (and stores) the row's whole square, so it is the reference the
+  grouped path is tested against, and what Hugging Face models get (below).
 - Hugging Face models: per-document `position_ids` and the same block-diagonal mask as a 4D mask
   (a 4D mask is used as given), boolean for SDPA, additive for eager attention. SDPA ignores a
   restart of `position_ids`, so without the mask every document would attend to the ones before
@@ -22,6 +31,8 @@ labels are IGNORE_INDEX, so it never reaches the loss.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
@@ -30,7 +41,10 @@ __all__ = [
     "cu_seqlens",
     "document_attention",
     "hf_packed_mask",
+    "grouped_document_attention",
     "is_packed",
+    "LengthGroups",
+    "length_groups",
     "require_packed_support",
     "varlen_usable",
 ]
@@ -63,6 +77,78 @@ def cu_seqlens(doc: torch.Tensor) -> tuple[torch.Tensor, int]:
     return cu, int((cu[1:] - cu[:-1]).max())
 
 
+class LengthGroups(NamedTuple):
+    """Where `grouped_document_attention` reads and writes the tokens of a [B, T] batch."""
+
+    gather: torch.Tensor  # [P] int64: token (of the flattened B * T) read into each slot
+    shapes: list[tuple[int, int]]  # per group: (documents n, longest L); n * L slots each
+    place: torch.Tensor  # [B * T] int64: the slot holding each token's own output
+
+
+def length_groups(doc: torch.Tensor) -> LengthGroups:
+    """The documents of a [B, T] batch of document numbers (padding tails included, as one more
+    document each) grouped by length, laid out as slots: group g is an [n, L] block of slots whose
+    row i holds document i's tokens, then filler (copies of later tokens) up to the group's
+    longest L.
+
+    Group g holds the lengths in (sqrt(2)^(g-1), sqrt(2)^g], so a document is padded to less
+    than sqrt(2) times its length and its causal square to less than 2 times its own."""
+    B, T = doc.shape
+    N = B * T
+    flat = doc.reshape(-1)
+    start = torch.ones_like(flat, dtype=torch.bool)
+    start[1:] = flat[1:] != flat[:-1]
+    start[::T] = True  # a row never continues the previous row's document
+    first = torch.nonzero(start).flatten()
+    length = torch.diff(first, append=first.new_tensor([N]))
+    # ceil(2 * log2(length)): half-octave classes (a power of two sits on its class's top edge).
+    cls = torch.ceil(2 * torch.log2(length.double()) - 1e-9).long()
+    gather, where, slots, shapes = [], [], [], []
+    offset = 0
+    for c in torch.unique(cls).tolist():
+        sel = torch.nonzero(cls == c).flatten()
+        n_len = length[sel]
+        n, L = sel.numel(), int(n_len.max())
+        steps = torch.arange(L, device=doc.device)
+        index = (first[sel][:, None] + steps[None, :]).clamp_(max=N - 1)
+        valid = steps[None, :] < n_len[:, None]
+        gather.append(index.reshape(-1))
+        where.append(index[valid])
+        slots.append(offset + torch.nonzero(valid.reshape(-1)).flatten())
+        shapes.append((n, L))
+        offset += n * L
+    # Every token is in exactly one document, so `where` is a permutation of the B * T tokens.
+    place = torch.empty(N, dtype=torch.long, device=doc.device)
+    place[torch.cat(where)] = torch.cat(slots)
+    return LengthGroups(torch.cat(gather), shapes, place)
+
+
+def grouped_document_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc: torch.Tensor, dropout_p: float = 0.0
+) -> torch.Tensor:
+    """Causal attention within documents without a [T, T] mask (module docstring): one causal
+    SDPA call per length group. q, k, v: [B, H, T, D]; doc: [B, T]. Returns [B, H, T, D].
+
+    One gather per input and one per output for all groups together: a backward pass then
+    zero-fills and scatters each full-size gradient once, not once per group."""
+    B, H, T, D = q.shape
+    groups = length_groups(doc)
+    sizes = [n * L for n, L in groups.shapes]
+
+    def slots(x):
+        x = x.transpose(1, 2).reshape(B * T, H, D)[groups.gather]
+        return x.split(sizes)
+
+    outs = []
+    for qg, kg, vg, (n, L) in zip(slots(q), slots(k), slots(v), groups.shapes, strict=True):
+        # [n * L, H, D] -> [n, H, L, D]. The filler after each document is never attended to by
+        # its real queries (causal), and the filler's own outputs are never read back.
+        qg, kg, vg = (x.view(n, L, H, D).transpose(1, 2) for x in (qg, kg, vg))
+        out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True, dropout_p=dropout_p)
+        outs.append(out.transpose(1, 2).reshape(n * L, H, D))
+    return torch.cat(outs)[groups.place].view(B, T, H, D).transpose(1, 2)
+
+
 def varlen_usable(q: torch.Tensor, dropout_p: float) -> bool:
     """varlen_attn runs flash attention: CUDA, half precision, no attention dropout."""
     return q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and dropout_p == 0.0
@@ -84,9 +170,7 @@ def document_attention(
 
         out = varlen_attn(flat(q), flat(k), flat(v), cu, cu, longest, longest, window_size=(-1, 0))
         return out.view(B, T, H, D).transpose(1, 2)
-    return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=block_causal_mask(doc), dropout_p=dropout_p
-    )
+    return grouped_document_attention(q, k, v, doc, dropout_p)
 
 
 def hf_packed_mask(doc: torch.Tensor, attn_implementation: str | None, dtype: torch.dtype):

@@ -6,16 +6,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from pipeline.core.collate import IGNORE_INDEX, collate
 from pipeline.core.config import ModelConfig
 from pipeline.core.packed_collate import collate_packed
+from pipeline.learn import packed_attention
 from pipeline.learn.factory import build_model
 from pipeline.learn.loss import supervised_tokens, token_sums
 from pipeline.learn.packed_attention import (
     block_causal_mask,
     cu_seqlens,
+    grouped_document_attention,
     is_packed,
+    length_groups,
     require_packed_support,
 )
 
@@ -175,3 +179,63 @@ def test_a_model_that_does_not_declare_packed_support_is_refused():
     require_packed_support(_tiny())
     with pytest.raises(ValueError, match="supports_packed"):
         require_packed_support(torch.nn.Linear(2, 2))
+
+
+def _random_docs(B, T, seed, pad_tail=True):
+    """[B, T] int32 document numbers: random lengths from 1 (many single-token documents) to T,
+    and a padding tail (0) on most rows."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(B):
+        lens = []
+        while sum(lens) < T:
+            lens.append(int(rng.choice([1, 1, 2, rng.integers(1, T + 1)])))
+        real = T - (int(rng.integers(0, T // 4)) if pad_tail else 0)
+        row = np.concatenate([np.full(n, d + 1) for d, n in enumerate(lens)])[:real]
+        rows.append(np.concatenate([row, np.zeros(T - real, dtype=row.dtype)]))
+    return torch.as_tensor(np.stack(rows), dtype=torch.int32)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_grouped_attention_equals_the_block_mask_path_in_outputs_and_gradients(seed):
+    B, H, T, D = 3, 2, 67, 8
+    doc = _random_docs(B, T, seed)
+    assert (doc == 0).any() and any(
+        int(n) == 1 for n in torch.unique_consecutive(doc[0], return_counts=True)[1]
+    )
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, H, T, D, generator=g, requires_grad=True) for _ in range(3))
+    w = torch.randn(B, H, T, D, generator=g)
+    out = grouped_document_attention(q, k, v, doc)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=block_causal_mask(doc))
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    grads = torch.autograd.grad((out * w).sum(), (q, k, v))
+    ref_grads = torch.autograd.grad((ref * w).sum(), (q, k, v))
+    for a, b in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_length_groups_cover_every_token_once_and_pad_under_twice_the_causal_work():
+    doc = _random_docs(4, 300, seed=7)
+    groups = length_groups(doc)
+    N = doc.numel()
+    assert sorted(groups.place.tolist()) == sorted(set(groups.place.tolist()))
+    assert torch.equal(groups.gather[groups.place], torch.arange(N))  # each slot reads its token
+    lens = torch.cat([torch.unique_consecutive(r, return_counts=True)[1] for r in doc])
+    causal = float((lens * (lens + 1) / 2).sum())
+    paid = sum(n * L * (L + 1) / 2 for n, L in groups.shapes)
+    assert causal <= paid < 2 * causal
+    assert len(groups.shapes) <= 2 * np.log2(300) + 1
+    assert paid < doc.shape[0] * 300 * 301 / 2  # below the rows' whole causal squares
+
+
+def test_the_tiny_decoder_on_cpu_never_builds_a_row_square_mask(monkeypatch):
+    def refuse(doc):
+        raise AssertionError("the CPU path built a [T, T] mask")
+
+    monkeypatch.setattr(packed_attention, "block_causal_mask", refuse)
+    model = _tiny()
+    with torch.no_grad():
+        packed = _fwd(model, _packed_batch())
+    alone = _fwd(model, _one_doc_batches()[1])[0]
+    torch.testing.assert_close(packed[0, 5:14], alone.detach(), rtol=1e-4, atol=1e-5)

@@ -1,0 +1,416 @@
+"""Packed rows against padding, measured: CPU training in one run, the step kernel, the paper table.
+
+Four measurements, all in one process on one machine, so their ratios compare like with like:
+
+1. Same-run training (`measure_packed_training`): the demo's config (`configs/local.yaml`: the
+   tiny decoder on real text, the stdlib corpus, 2 CPU workers) trains one whole epoch of the
+   same samples three times through the real `pipeline.train.launch.run`, changing only the
+   batching: `packed` (one bucket, a full shuffle, rows of `row_tokens`, as many rows per step as
+   fill the config's token budget), `sorted` (sorted-static padding: one bucket up to
+   max_length, `plan.policy=sorted`) and `auto` (bucketed padding on the optimiser's automatic
+   edges). Whole epochs, because a sorted epoch's steps change with the length they hold.
+   Throughput: the median over steps (after `WARMUP_STEPS`) of each step's real tokens per
+   second, from the rank-0 metrics file. Loss readability: the variance of the step-to-step
+   change of the raw loss (packed, bucketed) and of the debiased loss (bucketed), over the
+   last three quarters of each run (`quality.loss_readability`). Rounds rotate the order.
+2. The step kernel (`measure_step_kernel`): forward + backward of the same model on the same
+   documents, single-threaded, padded (sorted batches, each padded to its longest) against
+   packed rows with the grouped per-document attention and with the block-mask reference.
+3. The on-paper table and the time to pack an epoch of the 902K preset (`bench.packing`).
+
+    python -m bench.packed_training --out out/bench-packed [--num-samples 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import sys
+import time
+import uuid
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from bench.packing import packing_table
+from bench.quality import loss_readability
+from bench.training import WARMUP_STEPS, run_summary, scaled_lengths
+from pipeline.core.config import load_config
+
+__all__ = [
+    "VARIANTS",
+    "aggregate_variant",
+    "load1",
+    "measure_packed_rows",
+    "measure_packed_training",
+    "measure_step_kernel",
+    "run_figures",
+    "section_packed_rows",
+    "step_medians",
+    "variant_overrides",
+]
+
+VARIANTS = ("packed", "sorted", "auto")
+DEMO_CONFIG = "configs/local.yaml"
+
+
+def load1() -> float | None:
+    """The 1-minute load average (the machine is shared: reported beside every figure)."""
+    try:
+        return float(Path("/proc/loadavg").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def variant_overrides(variant: str, *, max_length: int, token_budget: int, row_tokens: int):
+    """The `--set` overrides that select a batching variant; the rest of the config is shared.
+    Packed rows per step fill the same token budget the padded variants pay per step."""
+    if variant == "packed":
+        return [
+            "batching.mode=packed",
+            f"batching.row_tokens={row_tokens}",
+            f"batching.rows_per_step={token_budget // row_tokens}",
+            "buckets.num_buckets=auto",  # packed: one bucket, a full shuffle
+        ]
+    padded = ["batching.mode=token_budget", f"batching.token_budget={token_budget}"]
+    if variant == "sorted":
+        return [*padded, "plan.policy=sorted", f"buckets.edges=[0,{max_length}]"]
+    if variant == "auto":
+        return [*padded, "buckets.num_buckets=auto"]
+    raise ValueError(f"unknown variant {variant!r}: choose one of {VARIANTS}")
+
+
+def step_medians(records: list[dict], warmup: int = WARMUP_STEPS) -> dict:
+    """Medians over the steps after `warmup` of per-step real tokens/s and step seconds."""
+    steps = sorted((r for r in records if "perf/step_s" in r), key=lambda r: r["step"])
+    timed = steps[warmup:] or steps
+    return {
+        "median_real_tokens_per_s": float(
+            statistics.median(r["data/real_tokens_per_s"] for r in timed)
+        ),
+        "median_step_s": float(statistics.median(r["perf/step_s"] for r in timed)),
+    }
+
+
+def run_figures(records: list[dict]) -> dict:
+    """One run's figures from its rank-0 metric lines (`train.log_every=1`): throughput
+    (`training.run_summary` and the per-step medians) and loss readability over the last three
+    quarters of the steps."""
+    s = run_summary(records)
+    curves = {k: s.pop(k) for k in ("loss", "loss_debiased", "bucket")}
+    s.pop("loss_by_bucket")
+    n = len(curves["loss"])
+    return {**s, **step_medians(records), "readability": loss_readability(curves, skip=n // 4)}
+
+
+def aggregate_variant(runs: list[dict], sorted_runs: list[dict]) -> dict:
+    """Medians over rounds; the ratio to sorted-static is taken within each round first."""
+
+    def med(key):
+        return float(statistics.median(x[key] for x in runs))
+
+    ratios = [
+        x["median_real_tokens_per_s"] / s["median_real_tokens_per_s"]
+        for x, s in zip(runs, sorted_runs, strict=True)
+    ]
+    first = runs[0]
+    return {
+        "median_real_tokens_per_s": med("median_real_tokens_per_s"),
+        "real_tokens_per_s": med("real_tokens_per_s"),
+        "vs_sorted": float(statistics.median(ratios)),
+        "vs_sorted_all": ratios,
+        "diff_var_raw": float(statistics.median(x["readability"]["diff_var_raw"] for x in runs)),
+        "diff_var_debiased": float(
+            statistics.median(x["readability"]["diff_var_debiased"] for x in runs)
+        ),
+        "wall_s": med("wall_s"),
+        **{k: first[k] for k in ("steps", "samples", "tokens", "padding_efficiency")},
+        **{k: first[k] for k in ("num_buckets", "final_loss")},
+        "load1_all": [x["load1"] for x in runs],
+        "runs": runs,
+    }
+
+
+def _train(run, config: str, overrides: list[str], work: Path, name: str) -> dict:
+    mfile = work / "metrics" / f"{name}.jsonl"
+    cfg = load_config(
+        config, [*overrides, f"train.metrics_file={mfile}", f"checkpoint.run_name={name}"]
+    )
+    before = load1()
+    t = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".* has no effect")
+        summary = run(cfg)
+    wall = time.perf_counter() - t
+    records = [json.loads(x) for x in mfile.read_text().splitlines() if x.strip()]
+    return run_figures(records) | {
+        "wall_s": wall,
+        "samples": summary.samples,
+        "tokens": summary.tokens,
+        "final_loss": summary.loss,
+        "load1": [before, load1()],
+        "metrics_file": str(mfile),
+    }
+
+
+def measure_packed_training(
+    work_dir: str | Path,
+    *,
+    num_samples: int = 6000,
+    row_tokens: int | None = None,
+    repeats: int = 1,
+    config: str = DEMO_CONFIG,
+    variants=VARIANTS,
+    log=print,
+) -> dict:
+    """One epoch per variant per round (module docstring, item 1); starts a private local Ray
+    if none is up. `row_tokens` defaults to the config's max_length (the top edge)."""
+    import ray
+
+    from pipeline.train.launch import run
+
+    work = Path(work_dir).absolute()
+    base = load_config(config)
+    max_length = base.data.max_length
+    budget = base.batching.token_budget
+    row_tokens = row_tokens or max_length
+    shared = [
+        f"data.synthetic.num_samples={num_samples}",
+        f"data.synthetic.out_dir={work / f'pystdlib-{num_samples}'}",
+        f"data.cache_dir={work / 'index'}",
+        "train.epochs=1",
+        "train.max_steps=null",
+        "train.log_every=1",
+        "wandb.mode=disabled",
+        f"checkpoint.storage_path={work / 'runs'}",
+        "checkpoint.every_steps=null",
+        "checkpoint.keep_last=1",
+    ]
+    per = {
+        v: variant_overrides(v, max_length=max_length, token_budget=budget, row_tokens=row_tokens)
+        for v in variants
+    }
+    if not ray.is_initialized():
+        # A private cluster: never attach to a cluster someone else started on this machine.
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    runs: dict[str, list[dict]] = {v: [] for v in variants}
+    for r in range(repeats):
+        order = list(variants[r % len(variants) :]) + list(variants[: r % len(variants)])
+        for v in order:
+            name = f"packedbench-{v}-{r}-{uuid.uuid4().hex[:6]}"
+            s = _train(run, config, [*shared, *per[v]], work, name)
+            s["round"] = r
+            runs[v].append(s)
+            log(
+                f"packed bench {v:<7} round {r}: median {s['median_real_tokens_per_s'] / 1e3:.1f} "
+                f"Ktok/s, {s['steps']} steps, fill {s['padding_efficiency']:.3f}, "
+                f"wall {s['wall_s']:.0f}s, load {s['load1']}"
+            )
+    ref = "sorted" if "sorted" in variants else variants[0]
+    return {
+        "config": config,
+        "num_samples": num_samples,
+        "max_length": max_length,
+        "token_budget": budget,
+        "row_tokens": row_tokens,
+        "repeats": repeats,
+        "warmup_steps_excluded": WARMUP_STEPS,
+        "overrides": per,
+        "model": base.model.model_dump(),
+        "variants": {v: aggregate_variant(runs[v], runs[ref]) for v in variants},
+    }
+
+
+def _tiny_model(model_cfg, max_length: int):
+    import torch
+
+    from pipeline.learn.factory import build_model
+
+    torch.manual_seed(0)
+    return build_model(model_cfg, max_length)
+
+
+def _collate(values, offsets, samples, per_row, T, multiple=1):
+    """The samples (indices into offsets), packed into rows of `per_row` samples each, or (None)
+    one padded row per sample."""
+    from pipeline.core.collate import collate
+    from pipeline.core.packed_collate import collate_packed
+
+    v = np.concatenate([values[offsets[i] : offsets[i + 1]] for i in samples])
+    o = np.concatenate([[0], np.cumsum(offsets[samples + 1] - offsets[samples])])
+    if per_row is None:
+        return collate(v, o, upper=T, pad_to_multiple_of=multiple)
+    return collate_packed(v, o, np.concatenate([[0], np.cumsum(per_row)]), row_tokens=T)
+
+
+def measure_step_kernel(
+    *,
+    config: str = DEMO_CONFIG,
+    tokens: int = 16384,
+    repeats: int = 5,
+    seed: int = 0,
+) -> dict:
+    """Forward + backward of the config's model on the same ~`tokens` real tokens (lengths: the
+    preset's distribution scaled to max_length), single-threaded; medians of `repeats` after one
+    warm-up (module docstring, item 2)."""
+    import torch
+    import torch.nn.functional as F
+
+    import pipeline.learn.model as model_module
+    from pipeline.core.packing import best_fit_rows
+    from pipeline.learn import packed_attention as pa
+
+    cfg = load_config(config)
+    T = cfg.data.max_length
+    rng = np.random.default_rng(seed)
+    pool = rng.permutation(scaled_lengths(max(4 * tokens // 64, 1000), T, seed))
+    lens = pool[: int(np.searchsorted(np.cumsum(pool), tokens, side="right"))].astype(np.int64)
+    real = int(lens.sum())
+    values = rng.integers(3, cfg.model.vocab_size, real).astype(np.int32)
+    offsets = np.concatenate([[0], np.cumsum(lens)])
+
+    # Micro-batches of at most SLOTS padded tokens each: packed rows, SLOTS // T to a batch;
+    # padded, the samples sorted by length (sorted-static), each batch as many as fit padded.
+    slots = 4 * T
+    row_of, closed = best_fit_rows(lens, T, 16)
+    packed = []
+    for rows in np.array_split(closed, -(-closed.size // (slots // T))):
+        samples = [np.flatnonzero(row_of == r) for r in rows]
+        packed.append(
+            _collate(values, offsets, np.concatenate(samples), [len(x) for x in samples], T)
+        )
+    multiple = cfg.batching.pad_to_multiple_of
+    padded, cur = [], []
+    for i in np.argsort(lens, kind="stable"):
+        width = -(-int(lens[i]) // multiple) * multiple
+        if cur and (len(cur) + 1) * width > slots:
+            padded.append(_collate(values, offsets, np.array(cur), None, T, multiple))
+            cur = []
+        cur.append(i)
+    padded.append(_collate(values, offsets, np.array(cur), None, T, multiple))
+
+    def tensors(b):
+        return {k: torch.as_tensor(v) for k, v in b.items() if np.ndim(v) == 2}
+
+    packed_t, padded_t = [tensors(b) for b in packed], [tensors(b) for b in padded]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    model = _tiny_model(cfg.model, T)
+
+    def step(batches):
+        for b in batches:
+            logits = model(b["input_ids"], b["attention_mask"], b["position_ids"])
+            logits.float().logsumexp(-1).mean().backward()
+
+    def mask_attention(q, k, v, doc, dropout_p=0.0):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=pa.block_causal_mask(doc))
+
+    variants = {
+        "padded": (lambda: step(padded_t), pa.document_attention),
+        "packed": (lambda: step(packed_t), pa.document_attention),
+        "packed_block_mask": (lambda: step(packed_t), mask_attention),
+    }
+    times: dict[str, list[float]] = {v: [] for v in variants}
+    before = load1()
+    try:
+        for _ in range(repeats + 1):  # interleaved, so a slow phase hits every variant
+            for name, (fn, attention) in variants.items():
+                model_module.document_attention = attention
+                t = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t)
+    finally:
+        model_module.document_attention = pa.document_attention
+        torch.set_num_threads(threads)
+    med = {v: statistics.median(ts[1:]) for v, ts in times.items()}
+    return {
+        "config": config,
+        "documents": int(lens.size),
+        "real_tokens": real,
+        "row_tokens": T,
+        "micro_batch_slots": slots,
+        "packed_rows": int(closed.size),
+        "packed_slots": int(closed.size) * T,
+        "padded_batches": len(padded),
+        "padded_slots": int(sum(b["input_ids"].size for b in padded)),
+        "repeats": repeats,
+        "seconds": med,
+        "seconds_all": times,
+        "real_tokens_per_s": {v: real / s for v, s in med.items()},
+        "packed_vs_padded": med["padded"] / med["packed"],
+        "block_mask_vs_padded": med["padded"] / med["packed_block_mask"],
+        "load1": [before, load1()],
+    }
+
+
+def measure_packed_rows(
+    work_dir: str | Path,
+    *,
+    num_samples: int = 6000,
+    repeats: int = 1,
+    preset_samples: int | None = None,
+    kernel_tokens: int = 16384,
+    config: str = DEMO_CONFIG,
+    log=print,
+) -> dict:
+    """Every measurement of the module docstring; what the "Packed rows" section renders."""
+    import datetime as dt
+
+    from pipeline.core.synthetic import PRESETS, seed902k_lengths
+
+    out: dict = {
+        "date_utc": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "load_before": load1(),
+    }
+    log("packed rows: the on-paper table and the time to pack an epoch")
+    n = preset_samples or PRESETS["seed902k"]
+    out["paper"] = packing_table(seed902k_lengths(n))
+    log(f"packed rows: packing {n:,} samples took {out['paper']['pack_epoch_s']:.2f} s")
+    log("packed rows: forward + backward, padded against packed")
+    out["kernel"] = measure_step_kernel(config=config, tokens=kernel_tokens)
+    log(f"packed rows: step kernel packed / padded {out['kernel']['packed_vs_padded']:.2f}x")
+    log("packed rows: same-run training")
+    out["training"] = measure_packed_training(
+        work_dir, num_samples=num_samples, repeats=repeats, config=config, log=log
+    )
+    out["load_after"] = load1()
+    return out
+
+
+def section_packed_rows(opts, log=print) -> dict:
+    """The "Packed rows" section of `make bench` at a `bench.suite.SuiteOptions` scale."""
+    return measure_packed_rows(
+        Path(opts.work_dir) / "packed",
+        num_samples=opts.packed_samples,
+        repeats=opts.packed_repeats,
+        preset_samples=opts.samples,
+        kernel_tokens=4096 if opts.quick else 16384,
+        log=log,
+    )
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m bench.packed_training", description=__doc__)
+    p.add_argument("--out", default="out/bench-packed", help="results.json goes here")
+    p.add_argument("--work", default="out/bench-packed/work", help="corpus, index, runs")
+    p.add_argument("--num-samples", type=int, default=6000, help="training corpus size")
+    p.add_argument("--repeats", type=int, default=1, help="training rounds")
+    p.add_argument("--preset-samples", type=int, help="paper table on this many (default 902,087)")
+    a = p.parse_args(argv)
+    r = measure_packed_rows(
+        a.work, num_samples=a.num_samples, repeats=a.repeats, preset_samples=a.preset_samples
+    )
+    args = sys.argv[1:] if argv is None else argv
+    r["command"] = shlex.join(["python", "-m", "bench.packed_training", *args])
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(r, indent=1))
+    return r
+
+
+if __name__ == "__main__":
+    main()
