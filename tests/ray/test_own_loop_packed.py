@@ -11,7 +11,7 @@ import torch
 from pipeline.core.config import validate
 from pipeline.core.epochs import epoch_plan_for
 from pipeline.data import api, build_length_index
-from pipeline.learn.model import build_model
+from pipeline.learn.factory import build_model
 from pipeline.learn.packed_attention import is_packed
 from tests.helpers import tiny_raw
 

@@ -12,7 +12,7 @@ from pipeline.core.collate import collate
 from pipeline.core.config import ModelConfig
 from pipeline.core.packed_collate import collate_packed
 from pipeline.data import api
-from pipeline.learn.model import build_model
+from pipeline.learn.factory import build_model
 from pipeline.learn.packed_attention import is_packed
 
 LENS = [7, 1, 12, 5, 9]
