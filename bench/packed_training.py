@@ -37,7 +37,7 @@ import numpy as np
 
 from bench.packing import packing_table
 from bench.quality import loss_readability
-from bench.training import WARMUP_STEPS, run_summary, scaled_lengths
+from bench.training import WARMUP_STEPS, median_of, round_ratios, run_summary, scaled_lengths
 from pipeline.core.config import load_config
 
 __all__ = [
@@ -110,12 +110,9 @@ def aggregate_variant(runs: list[dict], sorted_runs: list[dict]) -> dict:
     """Medians over rounds; the ratio to sorted-static is taken within each round first."""
 
     def med(key):
-        return float(statistics.median(x[key] for x in runs))
+        return median_of(runs, key)
 
-    ratios = [
-        x["median_real_tokens_per_s"] / s["median_real_tokens_per_s"]
-        for x, s in zip(runs, sorted_runs, strict=True)
-    ]
+    ratios = round_ratios(runs, sorted_runs, "median_real_tokens_per_s")
     first = runs[0]
     return {
         "median_real_tokens_per_s": med("median_real_tokens_per_s"),

@@ -27,6 +27,8 @@ from pipeline.data.corpus import token_table
 
 __all__ = [
     "POLICIES",
+    "median_of",
+    "round_ratios",
     "scaled_lengths",
     "scaled_edges",
     "write_scaled_corpus",
@@ -277,16 +279,24 @@ def measure_training(
     }
 
 
+def median_of(runs: list[dict], key: str) -> float:
+    """The median of one figure over rounds."""
+    return float(statistics.median(x[key] for x in runs))
+
+
+def round_ratios(runs: list[dict], sorted_runs: list[dict], key: str) -> list[float]:
+    """Each round's `key` over the sorted baseline's in the same round (rounds share the
+    machine's load, so the ratio is taken before any median)."""
+    return [x[key] / s[key] for x, s in zip(runs, sorted_runs, strict=True)]
+
+
 def aggregate_runs(runs: list[dict], sorted_runs: list[dict]) -> dict:
     """Medians over repeats; the ratio to sorted is taken per round, then the median."""
 
     def med(key):
-        return float(statistics.median(x[key] for x in runs))
+        return median_of(runs, key)
 
-    ratios = [
-        x["real_tokens_per_s"] / s["real_tokens_per_s"]
-        for x, s in zip(runs, sorted_runs, strict=True)
-    ]
+    ratios = round_ratios(runs, sorted_runs, "real_tokens_per_s")
     return {
         "real_tokens_per_s": med("real_tokens_per_s"),
         "real_tokens_per_s_all": [x["real_tokens_per_s"] for x in runs],
