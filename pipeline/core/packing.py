@@ -55,6 +55,7 @@ from pipeline.core.plan import (
     lengths_and_ids,
     packed_micro_offsets,
     split_offsets,
+    within_bucket_shuffle,
 )
 from pipeline.core.sections import ConfigError
 
@@ -337,14 +338,12 @@ def _hash(spec: PackingSpec, *arrays) -> str:
 
 def _pack_buckets(lengths, ids, bucket, K, spec, seed, epoch):
     """Rows of every bucket, interleaved: (sample positions in row order, row sizes, row bucket)."""
-    order = np.lexsort((ids, bucket))  # canonical: by bucket, then id
-    counts = np.bincount(bucket, minlength=K)
+    order, counts = within_bucket_shuffle(ids, bucket, K, seed, epoch)  # contract 1
     starts = np.concatenate([[0], np.cumsum(counts)])
     floor = int(lengths.min()) if lengths.size else 1
     members, sizes, row_bucket = [], [], []
     for k in np.flatnonzero(counts):
         pos = order[starts[k] : starts[k + 1]]
-        pos = pos[np.random.default_rng((seed, epoch, int(k))).permutation(pos.size)]
         row_of, closed = best_fit_rows(lengths[pos], spec.row_tokens, spec.open_rows, floor)
         place = np.empty(closed.size, dtype=np.int64)
         place[closed] = np.arange(closed.size)

@@ -39,6 +39,7 @@ __all__ = [
     "packed_micro_offsets",
     "split_offsets",
     "steps_per_epoch",
+    "within_bucket_shuffle",
     "INTERLEAVE_STREAM",
 ]
 
@@ -374,6 +375,22 @@ def _cap_runs(seq: np.ndarray, max_run: int) -> np.ndarray:
     return seq
 
 
+def within_bucket_shuffle(
+    ids: np.ndarray, bucket: np.ndarray, K: int, seed: int, epoch: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Contract 1's one home, for padded and packed plans: positions grouped by bucket, each
+    bucket's members (canonical: in sample-id order, whatever the input order) permuted by
+    `default_rng((seed, epoch, bucket))`; and the count of each bucket."""
+    order = np.lexsort((ids, bucket))
+    counts = _bucket_counts(bucket, K)
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    for k in range(K):
+        if counts[k] > 1:
+            perm = np.random.default_rng((seed, epoch, k)).permutation(int(counts[k]))
+            order[starts[k] : starts[k + 1]] = order[starts[k] : starts[k + 1]][perm]
+    return order, counts
+
+
 def _bucket_order(
     lengths: np.ndarray,
     ids: np.ndarray,
@@ -383,21 +400,12 @@ def _bucket_order(
     seed: int,
     epoch: int,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Positions grouped by bucket, each bucket's members shuffled by (seed, epoch, bucket) --
-    or, for the sorted baseline, in length order -- and the count of each bucket."""
-    # Members of each bucket in sample-id order (canonical, independent of input order).
-    order = np.lexsort((ids, bucket))
-    counts = _bucket_counts(bucket, K)
-    starts = np.concatenate([[0], np.cumsum(counts)])
+    """Positions grouped by bucket, shuffled within each (`within_bucket_shuffle`) -- or, for
+    the sorted baseline, in length order -- and the count of each bucket."""
     if plan.policy == "sorted":
         # Static baseline: length order (ties by id), the same batches every epoch.
-        order = length_order(lengths, ids)
-    else:
-        for k in range(K):
-            if counts[k] > 1:
-                perm = np.random.default_rng((seed, epoch, k)).permutation(int(counts[k]))
-                order[starts[k] : starts[k + 1]] = order[starts[k] : starts[k + 1]][perm]
-    return order, counts
+        return length_order(lengths, ids), _bucket_counts(bucket, K)
+    return within_bucket_shuffle(ids, bucket, K, seed, epoch)
 
 
 def _step_order(
