@@ -51,6 +51,7 @@ import numpy as np
 from pipeline.core.buckets import assign
 from pipeline.core.plan import (
     EpochPlan,
+    check_world_size,
     concat_ranges,
     lengths_and_ids,
     packed_micro_offsets,
@@ -108,19 +109,6 @@ class PackingSpec:
     def window_steps(self) -> int:
         """Steps per balancing window (balance_rows rounded up to whole steps)."""
         return -(-self.balance_rows // self.rows_per_step)
-
-
-def check_world_size(rows_per_step: int, world_size: int) -> None:
-    """Refuse a world size that cannot split every full step into equal shares of rows."""
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
-    if rows_per_step % world_size:
-        fits = [w for w in range(1, rows_per_step + 1) if rows_per_step % w == 0]
-        raise ConfigError(
-            f"batching.rows_per_step={rows_per_step} is not divisible by the world size "
-            f"{world_size}: set rows_per_step to a multiple of {world_size} (e.g. "
-            f"{rows_per_step + (-rows_per_step) % world_size}) or train on {fits} workers"
-        )
 
 
 def best_fit_rows(lengths, row_tokens: int, open_rows: int, min_len: int | None = None):

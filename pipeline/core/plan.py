@@ -28,7 +28,7 @@ from pipeline.core.batching import (
     round_down_to,
 )
 from pipeline.core.buckets import assign
-from pipeline.core.config import Batching, PlanConfig
+from pipeline.core.config import Batching, ConfigError, PlanConfig
 
 __all__ = [
     "EpochPlan",
@@ -39,6 +39,7 @@ __all__ = [
     "packed_micro_offsets",
     "split_offsets",
     "steps_per_epoch",
+    "check_world_size",
     "within_bucket_shuffle",
     "INTERLEAVE_STREAM",
 ]
@@ -79,6 +80,20 @@ def packed_micro_offsets(
 def length_order(lengths: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """Positions of the samples by ascending length, ties by sample id: the sorted baseline."""
     return np.lexsort((ids, lengths))
+
+
+def check_world_size(rows_per_step: int, world_size: int) -> None:
+    """Refuse a world size that cannot split every full step of a packed plan into equal
+    shares of rows (`batching.rows_per_step`)."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if rows_per_step % world_size:
+        fits = [w for w in range(1, rows_per_step + 1) if rows_per_step % w == 0]
+        raise ConfigError(
+            f"batching.rows_per_step={rows_per_step} is not divisible by the world size "
+            f"{world_size}: set rows_per_step to a multiple of {world_size} (e.g. "
+            f"{rows_per_step + (-rows_per_step) % world_size}) or train on {fits} workers"
+        )
 
 
 def _bucket_counts(bucket: np.ndarray, num_buckets: int) -> np.ndarray:
@@ -254,8 +269,6 @@ class EpochPlan:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         if self.packed:
-            from pipeline.core.packing import check_world_size  # packing builds on this module
-
             check_world_size(self.rows_per_step, world_size)
         return EpochPlan(**{**_fields(self), "world_size": world_size})
 

@@ -120,3 +120,54 @@ def test_the_library_layers_import_one_way():
             if used - allowed:
                 against[path] = sorted(used - allowed)
     assert against == {}, f"imports against the layers {LAYERS_MAY_IMPORT}: {against}"
+
+
+def _module_graph(package: str) -> dict[str, set[str]]:
+    """module -> the modules of the same package it imports (module level or not)."""
+    folder = ROOT.joinpath(*package.split("."))
+    graph: dict[str, set[str]] = {}
+    for p in sorted(folder.glob("*.py")):
+        me = f"{package}.{p.stem}"
+        deps = graph.setdefault(me, set())
+        for node in ast.walk(ast.parse(p.read_text(), filename=str(p))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            deps.update(
+                n for n in names if n.startswith(package + ".") and n.count(".") == me.count(".")
+            )
+        deps.discard(me)
+    return graph
+
+
+def _a_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle of `graph`, or [] (depth-first search)."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> list[str]:
+        state[m] = 1
+        stack.append(m)
+        for d in sorted(graph.get(m, ())):
+            if state.get(d) == 1:
+                return stack[stack.index(d) :] + [d]
+            if d not in state and (found := visit(d)):
+                return found
+        stack.pop()
+        state[m] = 2
+        return []
+
+    for m in sorted(graph):
+        if m not in state and (found := visit(m)):
+            return found
+    return []
+
+
+def test_core_and_learn_modules_import_each_other_one_way():
+    """No import cycle inside the pure layers, lazy imports included: a cycle there means a
+    rule sits on the wrong side of two modules."""
+    for package in ("pipeline.core", "pipeline.learn"):
+        assert _a_cycle(_module_graph(package)) == [], package
