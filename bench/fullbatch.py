@@ -46,8 +46,7 @@ def _row(name: str, lens: np.ndarray, offsets: np.ndarray, world: int, budget: i
 
 def _plan_row(name: str, plan: EpochPlan, budget: int) -> dict:
     lens, offsets = plan.micro_batch_lengths()
-    cap = plan.edges[1:][plan.micro_batch_buckets()]
-    return _row(name, lens, offsets, plan.world_size, budget, cap)
+    return _row(name, lens, offsets, plan.world_size, budget, plan.micro_batch_caps())
 
 
 def _order_row(name, lengths, order, sizes, world, budget):

@@ -199,8 +199,7 @@ def order_score(
 def plan_score(name: str, plan: EpochPlan) -> PolicyScore:
     """Score an epoch plan's micro-batches, padding capped at each step's bucket upper edge."""
     lens, offsets = plan.micro_batch_lengths()
-    cap = plan.edges[1:][plan.micro_batch_buckets()]
-    padded = micro_batch_padded(lens, offsets, multiple=plan.pad_to_multiple_of, cap=cap).sum()
+    padded = plan.micro_batch_padded().sum()
     return PolicyScore(name, int(lens.sum()), int(padded), offsets.size - 1, None, plan.num_steps)
 
 

@@ -19,7 +19,6 @@ import numpy as np
 
 from pipeline.core.buckets import EdgeTable, optimize_all
 from pipeline.core.config import Batching, PlanConfig
-from pipeline.core.metrics import padding_efficiency
 from pipeline.core.plan import EpochPlan, epoch_plan
 
 __all__ = ["FrontierPoint", "recomposition_floor", "plan_point", "frontier", "frontier_ks"]
@@ -67,9 +66,7 @@ def epoch0_efficiency(
         batching=batching,
         plan=plan_cfg,
     )
-    lens, offsets = plan.micro_batch_lengths()
-    cap = np.asarray(edges)[1:][plan.micro_batch_buckets()]
-    return plan, padding_efficiency(lens, offsets, multiple=batching.pad_to_multiple_of, cap=cap)
+    return plan, plan.planned_padding_efficiency()
 
 
 def plan_point(

@@ -29,6 +29,7 @@ from pipeline.core.batching import (
 )
 from pipeline.core.buckets import assign
 from pipeline.core.config import Batching, ConfigError, PlanConfig
+from pipeline.core.metrics import micro_batch_padded, padding_efficiency
 
 __all__ = [
     "EpochPlan",
@@ -286,6 +287,27 @@ class EpochPlan:
 
     def micro_batch_buckets(self) -> np.ndarray:
         return np.repeat(self.step_bucket, self.world_size)
+
+    def micro_batch_caps(self) -> np.ndarray:
+        """Each micro-batch's bucket upper edge in the plan's own edges (a sorted or random
+        plan is one bucket, whatever edges a config names)."""
+        return self.edges[1:][self.micro_batch_buckets()]
+
+    def micro_batch_padded(self) -> np.ndarray:
+        """Tokens each micro-batch is padded to in total (size x padded length, capped at
+        `micro_batch_caps`): the one home of "a plan's planned padding", for the driver's epoch
+        metrics, the frontier, the report and the benchmarks."""
+        lens, offsets = self.micro_batch_lengths()
+        return micro_batch_padded(
+            lens, offsets, multiple=self.pad_to_multiple_of, cap=self.micro_batch_caps()
+        )
+
+    def planned_padding_efficiency(self) -> float:
+        """Real tokens over the tokens the plan's micro-batches are padded to (1.0 if none)."""
+        lens, offsets = self.micro_batch_lengths()
+        return padding_efficiency(
+            lens, offsets, multiple=self.pad_to_multiple_of, cap=self.micro_batch_caps()
+        )
 
     def rows(self) -> dict[str, np.ndarray]:
         """Flat rows (step, rank, bucket, slot, sample_id); an empty micro-batch is one row with id -1."""

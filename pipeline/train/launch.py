@@ -19,12 +19,10 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pyarrow.fs as pafs
 
 from pipeline.core.config import ConfigError, RunConfig
 from pipeline.core.epochs import packed_epoch_metrics
-from pipeline.core.metrics import padding_efficiency
 from pipeline.core.plan import EpochPlan
 from pipeline.data.connect import CONNECT_TIMEOUT_S, connect
 from pipeline.data.driver import (
@@ -144,20 +142,16 @@ def run_dir(cfg: RunConfig) -> str:
     return f"{storage_path(cfg).rstrip('/')}/{cfg.checkpoint.run_name}"
 
 
-def epoch_metrics(plan: EpochPlan, pad_to_multiple_of: int) -> dict:
+def epoch_metrics(plan: EpochPlan) -> dict:
     """`epoch/*` metrics: steps, samples and tokens per bucket, planned padding efficiency, hash.
     Micro-batches are capped at their bucket's edge in the plan's own edges (a sorted or random
     plan is one bucket, whatever edges the config names)."""
     s = plan.summary()
-    lens, offsets = plan.micro_batch_lengths()
-    cap = np.asarray(plan.edges)[1:][plan.micro_batch_buckets()]
     out = {
         "epoch/steps": s["steps"],
         "epoch/samples": s["samples"],
         "epoch/tokens": s["tokens"],
-        "epoch/planned_padding_efficiency": padding_efficiency(
-            lens, offsets, multiple=pad_to_multiple_of, cap=cap
-        ),
+        "epoch/planned_padding_efficiency": plan.planned_padding_efficiency(),
         "epoch/plan_hash": s["hash"],
     }
     for name in ("steps", "samples", "tokens"):
@@ -226,7 +220,7 @@ def _plan_epochs(cfg: RunConfig, data: RunData) -> tuple[RunPlan, list[dict]]:
 
     def describe(plan: EpochPlan) -> dict:
         return {
-            **epoch_metrics(plan, cfg.batching.pad_to_multiple_of),
+            **epoch_metrics(plan),
             **packed_epoch_metrics(cfg, plan),
             **truncation_metrics(data.index),
         }

@@ -199,5 +199,5 @@ def test_planned_padding_counts_what_collate_pads_under_every_policy(policy):
         if mb.size:
             real += int(mb.sum())
             paid += mb.size * padded_length(int(mb.max()), int(plan.edges[b + 1]), 8)
-    got = epoch_metrics(plan, 8)["epoch/planned_padding_efficiency"]
+    got = epoch_metrics(plan)["epoch/planned_padding_efficiency"]
     assert got == pytest.approx(real / paid)
