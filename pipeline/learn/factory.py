@@ -46,7 +46,14 @@ from pipeline.core.config import ModelConfig
 from pipeline.learn.model import MODELS
 from pipeline.learn.packed_attention import hf_packed_mask, is_packed
 
-__all__ = ["HF_CAUSAL_LM", "HFCausalLM", "build_model", "hf_config_dict", "load_factory"]
+__all__ = [
+    "HF_CAUSAL_LM",
+    "HFCausalLM",
+    "build_model",
+    "hf_config_dict",
+    "load_factory",
+    "model_kind",
+]
 
 HF_CAUSAL_LM = "hf_causal_lm"
 
@@ -149,13 +156,25 @@ def load_factory(spec: str):
     return obj
 
 
+def model_kind(name: str) -> str:
+    """What `model.name` names: "registered" (a key of pipeline.learn.model.MODELS), "hf" (a
+    Hugging Face causal LM), "factory" ('package.module:factory') or "unknown". The one home of
+    this rule, for building a model here and for the driver's check (model_check)."""
+    if name in MODELS:
+        return "registered"
+    if name == HF_CAUSAL_LM:
+        return "hf"
+    return "factory" if ":" in name else "unknown"
+
+
 def build_model(cfg: ModelConfig, max_positions: int) -> nn.Module:
     """The model `cfg.name` names, for sequences of up to `max_positions` tokens."""
-    if cfg.name in MODELS:
+    kind = model_kind(cfg.name)
+    if kind == "registered":
         return MODELS[cfg.name](cfg, max_positions)
-    if cfg.name == HF_CAUSAL_LM:
+    if kind == "hf":
         return _build_hf(cfg, max_positions)
-    if ":" in cfg.name:
+    if kind == "factory":
         config = {**cfg.options, "vocab_size": cfg.vocab_size, "max_positions": max_positions}
         model = load_factory(cfg.name)(config)
         if not isinstance(model, nn.Module):

@@ -13,7 +13,7 @@ from __future__ import annotations
 from torch import nn
 
 from pipeline.core.config import ConfigError, ModelConfig
-from pipeline.learn.factory import HF_CAUSAL_LM, build_model, hf_config_dict
+from pipeline.learn.factory import build_model, hf_config_dict, model_kind
 
 __all__ = ["ModelBuildError", "build_model_or_refuse", "check_model"]
 
@@ -29,11 +29,10 @@ class ModelBuildError(ConfigError):
 
 def check_model(cfg: ModelConfig) -> None:
     """Refuse on the driver a model that no worker could build (see the module docstring)."""
-    from pipeline.learn.model import MODELS
-
-    if cfg.name in MODELS or ":" in cfg.name:
+    kind = model_kind(cfg.name)
+    if kind in ("registered", "factory"):
         return  # a factory may import only on the workers (their working_dir): built there
-    if cfg.name != HF_CAUSAL_LM:
+    if kind == "unknown":
         try:
             build_model(cfg, 1)  # the registry's refusal, which names the choices
         except ValueError as e:
@@ -78,6 +77,6 @@ def build_model_or_refuse(cfg: ModelConfig, max_positions: int) -> nn.Module:
     except Exception as e:  # transformers' own validation errors derive from Exception only
         if _out_of_memory(e):
             raise
-        key = "model.hf_config" if cfg.name == HF_CAUSAL_LM else f"model.name={cfg.name}"
+        key = "model.hf_config" if model_kind(cfg.name) == "hf" else f"model.name={cfg.name}"
         text = " ".join(str(e).split()) or type(e).__name__
         raise ModelBuildError(f"{key}: cannot build the model ({text})") from e
