@@ -34,7 +34,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from pipeline.data.corpus import READS_NOTE, ROW_GROUP_ROWS, token_table
-from pipeline.data.index import filesystem_for
+from pipeline.data.fs import filesystem_for
 from pipeline.data.textcorpus import stable_id
 
 __all__ = [
