@@ -235,10 +235,12 @@ def interrupted_line(name: str, *, training: bool) -> str:
 
 @contextmanager
 def signals_interrupt() -> Iterator[None]:
-    """While the driver prepares the run (index, edges, plans): SIGTERM raises
-    KeyboardInterrupt as SIGINT does, so the lease and the Ray instance are released by their
-    `finally` blocks and the CLI prints one closing line, instead of the process dying
-    silently (SIGTERM's default) with its lease still held."""
+    """While the driver prepares the run (index, edges, plans): SIGINT and SIGTERM raise
+    KeyboardInterrupt, so the lease and the Ray instance are released by their `finally`
+    blocks and the CLI prints one closing line, instead of the process dying silently
+    (SIGTERM's default) with its lease still held. SIGINT is set too, not left to Python's
+    default: a handler installed earlier in the process (by Ray, or an embedding program) would
+    otherwise swallow a Ctrl-C here. The handlers found are restored on the way out."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -246,11 +248,12 @@ def signals_interrupt() -> Iterator[None]:
     def interrupt(signum, frame):
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
-    before = signal.signal(signal.SIGTERM, interrupt)
+    before = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, before)
+        for s, handler in before.items():
+            signal.signal(s, handler)
 
 
 def make_stop_handler(request: Callable[[], object], abort: Callable[[], object]):

@@ -110,7 +110,19 @@ def test_a_signal_while_the_index_is_built_ends_with_one_closing_line(
     monkeypatch.setattr(data, "build_length_index", index_build)
     config = tmp_path / "run.yaml"
     config.write_text(json.dumps(tiny_raw(tmp_path)))
-    assert train_cli.main(["--config", str(config)]) == 130
+
+    # A handler left by someone else in the process (Ray, an embedding program) must not
+    # swallow the signal while the run is prepared; it is back in place afterwards.
+    def swallow(signum, frame):
+        pass
+
+    before = {s: signal.signal(s, swallow) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        assert train_cli.main(["--config", str(config)]) == 130
+        assert signal.getsignal(sig) is swallow
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith(f"[bucketray] interrupted by {signal.Signals(sig).name}")
