@@ -3,6 +3,8 @@ request" instead of failing the run's training function."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import ray
 
@@ -29,10 +31,22 @@ def test_a_lost_stop_flag_reads_as_no_request_instead_of_failing(cluster):
     assert poll() is False  # the poller now holds the actor's handle
     ray.kill(flag, no_restart=True)
     assert poll() is False  # RayActorError inside: swallowed, the run goes on
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # the name is freed once GCS has the actor dead
+        try:
+            ray.get_actor("bucketray-stop-test-lost")
+        except ValueError:
+            break
+        time.sleep(0.2)
     again = create_stop_flag("bucketray-stop-test-lost")  # a new driver makes a new flag
     try:
         request_stop(again, "SIGINT")
         ray.get(again.requested.remote())
-        assert poll() is True  # looked up again by name
+        # Looked up again by name; for a moment the name may still answer with the killed
+        # actor (GCS frees it asynchronously), which reads as "no request" meanwhile.
+        deadline = time.monotonic() + 30
+        while not poll() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert poll() is True
     finally:
         ray.kill(again)
