@@ -30,14 +30,23 @@ import statistics
 import sys
 import time
 import uuid
-import warnings
 from pathlib import Path
 
 import numpy as np
 
 from bench.packing import packing_table
 from bench.quality import loss_readability
-from bench.training import WARMUP_STEPS, median_of, round_ratios, run_summary, scaled_lengths
+from bench.training import (
+    WARMUP_STEPS,
+    load1,
+    median_of,
+    read_metric_lines,
+    round_ratios,
+    run_overrides,
+    run_summary,
+    scaled_lengths,
+    timed_run,
+)
 from pipeline.core.config import load_config
 
 __all__ = [
@@ -55,14 +64,6 @@ __all__ = [
 
 VARIANTS = ("packed", "sorted", "auto")
 DEMO_CONFIG = "configs/local.yaml"
-
-
-def load1() -> float | None:
-    """The 1-minute load average (the machine is shared: reported beside every figure)."""
-    try:
-        return float(Path("/proc/loadavg").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def variant_overrides(variant: str, *, max_length: int, token_budget: int, row_tokens: int):
@@ -137,13 +138,8 @@ def _train(run, config: str, overrides: list[str], work: Path, name: str) -> dic
         config, [*overrides, f"train.metrics_file={mfile}", f"checkpoint.run_name={name}"]
     )
     before = load1()
-    t = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".* has no effect")
-        summary = run(cfg)
-    wall = time.perf_counter() - t
-    records = [json.loads(x) for x in mfile.read_text().splitlines() if x.strip()]
-    return run_figures(records) | {
+    summary, wall = timed_run(run, cfg)
+    return run_figures(read_metric_lines(mfile)) | {
         "wall_s": wall,
         "samples": summary.samples,
         "tokens": summary.tokens,
@@ -178,13 +174,7 @@ def measure_packed_training(
         f"data.synthetic.num_samples={num_samples}",
         f"data.synthetic.out_dir={work / f'pystdlib-{num_samples}'}",
         f"data.cache_dir={work / 'index'}",
-        "train.epochs=1",
-        "train.max_steps=null",
-        "train.log_every=1",
-        "wandb.mode=disabled",
-        f"checkpoint.storage_path={work / 'runs'}",
-        "checkpoint.every_steps=null",
-        "checkpoint.keep_last=1",
+        *run_overrides(work),
     ]
     per = {
         v: variant_overrides(v, max_length=max_length, token_budget=budget, row_tokens=row_tokens)

@@ -20,15 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 import uuid
-import warnings
 from pathlib import Path
 
 import numpy as np
 
 from bench.quality import loss_readability
-from bench.training import run_summary
+from bench.training import read_metric_lines, run_overrides, run_summary, timed_run
 from pipeline.core.config import load_config
 from pipeline.data.textcorpus import BYTE_VOCAB, write_text_corpus
 
@@ -76,15 +74,9 @@ def realtext_overrides(
         f"model.vocab_size={BYTE_VOCAB}",
         f"plan.seed={seed}",
         f"train.seed={seed}",
-        "train.epochs=1",
-        f"train.max_steps={'null' if max_steps is None else max_steps}",
-        "train.log_every=1",
+        *run_overrides(work, max_steps=max_steps),
         f"train.metrics_file={work / 'metrics' / f'{name}.jsonl'}",
-        "wandb.mode=disabled",
-        f"checkpoint.storage_path={work / 'runs'}",
         f"checkpoint.run_name={name}",
-        "checkpoint.every_steps=null",
-        "checkpoint.keep_last=1",
     ]
 
 
@@ -121,13 +113,8 @@ def measure_realtext(
     if not ray.is_initialized():
         # A private cluster: never attach to a cluster someone else started on this machine.
         ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    t = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".* has no effect")
-        summary = run(cfg)
-    wall = time.perf_counter() - t
-    records = [json.loads(x) for x in mfile.read_text().splitlines() if x.strip()]
-    s = run_summary(records)
+    summary, wall = timed_run(run, cfg)
+    s = run_summary(read_metric_lines(mfile))
     curves = {k: s[k] for k in ("loss", "loss_debiased", "bucket")}
     n = len(curves["loss"])
     readability = loss_readability(curves, skip=n // 4)

@@ -27,8 +27,12 @@ from pipeline.data.corpus import token_table
 
 __all__ = [
     "POLICIES",
+    "load1",
     "median_of",
+    "read_metric_lines",
     "round_ratios",
+    "run_overrides",
+    "timed_run",
     "scaled_lengths",
     "scaled_edges",
     "write_scaled_corpus",
@@ -139,15 +143,41 @@ def run_summary(records: list[dict], warmup: int = WARMUP_STEPS) -> dict:
     }
 
 
-def _load1() -> float | None:
+def load1() -> float | None:
+    """The 1-minute load average (the machine is shared: reported beside every figure)."""
     try:
         return float(Path("/proc/loadavg").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return None
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def read_metric_lines(path: Path) -> list[dict]:
+    """A run's metric lines (`train.metrics_file`), one dict per line."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def run_overrides(work: Path, *, max_steps: int | None = None) -> list[str]:
+    """The `--set` overrides of a benchmark run: one epoch (or `max_steps`), a metric line per
+    step, no W&B, checkpoints under `work`/runs kept only at the end."""
+    return [
+        "train.epochs=1",
+        f"train.max_steps={'null' if max_steps is None else max_steps}",
+        "train.log_every=1",
+        "wandb.mode=disabled",
+        f"checkpoint.storage_path={work / 'runs'}",
+        "checkpoint.every_steps=null",
+        "checkpoint.keep_last=1",
+    ]
+
+
+def timed_run(run, cfg):
+    """(the run's summary, its wall seconds). The benchmarks' shared settings include knobs
+    some variants do not use; their "has no effect" warnings are intended here."""
+    t = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".* has no effect")
+        summary = run(cfg)
+    return summary, time.perf_counter() - t
 
 
 def _shared_overrides(work: Path, corpus, max_length: int, batching: dict) -> list[str]:
@@ -160,13 +190,7 @@ def _shared_overrides(work: Path, corpus, max_length: int, batching: dict) -> li
         # Rounding 1/16-scale lengths up to 8 would be like rounding full-scale ones up to 128.
         "batching.pad_to_multiple_of=1",
         *(f"batching.{k}={v}" for k, v in batching.items()),
-        "train.epochs=1",
-        "train.max_steps=null",
-        "train.log_every=1",
-        "wandb.mode=disabled",
-        f"checkpoint.storage_path={work / 'runs'}",
-        "checkpoint.every_steps=null",
-        "checkpoint.keep_last=1",
+        *run_overrides(work),
     ]
 
 
@@ -197,21 +221,16 @@ def _train_once(
     )
     if policy not in edges:
         edges[policy] = resolve_edges(cfg, lengths)
-    load = _load1()
-    t = time.perf_counter()
-    with warnings.catch_warnings():
-        # The shared config sets knobs some policies do not use; that is intended here.
-        warnings.filterwarnings("ignore", message=".* has no effect")
-        summary = run(cfg)
-    wall = time.perf_counter() - t
-    s = run_summary(_read_jsonl(mfile))
+    load = load1()
+    summary, wall = timed_run(run, cfg)
+    s = run_summary(read_metric_lines(mfile))
     s |= {
         "round": r,
         "wall_s": wall,
         "samples": summary.samples,
         "tokens": summary.tokens,
     }
-    s["load1"] = [load, _load1()]  # 1-min load average before and after the run
+    s["load1"] = [load, load1()]  # 1-min load average before and after the run
     log(
         f"train {policy:<13} round {r}: {s['real_tokens_per_s'] / 1e3:7.1f} Ktok/s, "
         f"{s['steps']} steps, padding {s['padding_efficiency']:.3f}, wall {wall:.0f}s"
