@@ -17,7 +17,13 @@ from collections.abc import Mapping
 
 from pipeline.core.config import ConfigError
 
-__all__ = ["CONNECT_TIMEOUT_S", "check_reachable", "connect", "resolve_address"]
+__all__ = [
+    "CONNECT_TIMEOUT_S",
+    "check_reachable",
+    "connect",
+    "on_this_node",
+    "resolve_address",
+]
 
 # How long a given Ray address may take to answer before the process gives up.
 CONNECT_TIMEOUT_S = 15.0
@@ -88,3 +94,13 @@ def connect(
         init_kwargs = {k: v for k, v in init_kwargs.items() if k not in _NEW_INSTANCE_ONLY}
     ctx = ray.init(address=target, **init_kwargs)
     return target != "local", ctx
+
+
+def on_this_node():
+    """The scheduling strategy that pins an actor to this process's node (the driver's): the
+    run's small zero-CPU actors (the feeder, its index holder, the stop flag) would otherwise
+    be placed on any node, and a lost worker node would take them with it."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)

@@ -33,6 +33,7 @@ from pipeline.core.config import RunConfig
 from pipeline.core.epochs import epoch_plan_for
 from pipeline.core.plan import EpochPlan
 from pipeline.core.ranges import RangeDecisions, RankPositions
+from pipeline.data.connect import on_this_node
 from pipeline.data.gather import use_jemalloc
 from pipeline.data.index import LengthIndex, filesystem_for
 from pipeline.data.prepare import TARGET_BLOCK_BYTES, PreparedRange, RangeKey, RangePreparer
@@ -310,16 +311,12 @@ def start_feeder(
     errors; `block_bytes` the target size of a part's blocks.
     """
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     stop_feeder(name)
-    node = ray.get_runtime_context().get_node_id()
     holder_name = f"{name}-index"
     holder = (
         ray.remote(num_cpus=0, max_restarts=0)(IndexHolder)
-        .options(
-            name=holder_name, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
-        )
+        .options(name=holder_name, scheduling_strategy=on_this_node())
         .remote(index)
     )
     actor_cls = ray.remote(
@@ -329,9 +326,7 @@ def start_feeder(
         # A part() call cut short by a restart runs again on the new feeder: it only prepares.
         max_task_retries=-1,
     )(Feeder)
-    handle = actor_cls.options(
-        name=name, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
-    ).remote(
+    handle = actor_cls.options(name=name, scheduling_strategy=on_this_node()).remote(
         cfg.model_dump(mode="json"),
         # The holder's name, not the index: Ray does not keep a restartable actor's constructor
         # arguments that live in the object store (it warns at error level), so a restarted

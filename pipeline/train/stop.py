@@ -50,16 +50,12 @@ def create_stop_flag(name: str):
     Pinned to the driver's node: a zero-CPU actor may otherwise be placed on any node, and a
     flag on a worker node that is lost would take the run's stop requests with it."""
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    node = ray.get_runtime_context().get_node_id()
+    from pipeline.data.connect import on_this_node
+
     return (
         ray.remote(num_cpus=0)(StopFlag)
-        .options(
-            name=name,
-            get_if_exists=True,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
-        )
+        .options(name=name, get_if_exists=True, scheduling_strategy=on_this_node())
         .remote()
     )
 
