@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.core.config import ModelConfig
-from pipeline.learn.packed_attention import document_attention, is_packed
+from pipeline.learn.packed_attention import Documents, document_attention_qkv, is_packed
 
 __all__ = ["MODELS", "TinyDecoder", "count_parameters"]
 
@@ -44,16 +44,17 @@ class _Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, doc: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, docs: Documents | None = None) -> torch.Tensor:
         B, L, D = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(B, L, 3, self.n_heads, D // self.n_heads).unbind(2)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        qkv = self.qkv(self.ln1(x)).view(B, L, 3, self.n_heads, D // self.n_heads)
         p = self.dropout if self.training else 0.0
-        if doc is None:
+        if docs is None:
+            q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))
             att = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
+            att = att.transpose(1, 2)
         else:
-            att = document_attention(q, k, v, doc, dropout_p=p)
-        x = x + self.drop(self.proj(att.transpose(1, 2).reshape(B, L, D)))
+            att = document_attention_qkv(qkv, docs, dropout_p=p)  # [B, L, H, D / H]
+        x = x + self.drop(self.proj(att.reshape(B, L, D)))
         return x + self.drop(self.mlp(self.ln2(x)))
 
 
@@ -80,11 +81,12 @@ class TinyDecoder(nn.Module):
     ) -> torch.Tensor:
         # A padded batch's mask is not needed: padding is on the right, so causal attention
         # already keeps every real query away from padded keys (module docstring). A packed
-        # batch's mask numbers the documents each token may attend within.
-        doc = attention_mask if is_packed(attention_mask) else None
+        # batch's mask numbers the documents each token may attend within, described once for
+        # all layers.
+        docs = Documents(attention_mask) if is_packed(attention_mask) else None
         x = self.drop(self.tok(input_ids) + self.pos(position_ids))
         for block in self.blocks:
-            x = block(x, doc)
+            x = block(x, docs)
         return self.head(self.ln_f(x))
 
 

@@ -15,8 +15,10 @@ Kernels, chosen per call:
   scattered back. A pad only follows its document's real tokens, so causality alone keeps every
   real query away from it: no [T, T] mask is built, and the work is the sum of the documents'
   causal squares times at most 2 (a document is padded to under sqrt(2) times its length)
-  instead of the row's whole square. Index tensors do the gather and scatter; the only Python
-  loop is over the groups (at most 2 * log2(T) + 1).
+  instead of the row's whole square. q, k and v move into the groups' slots in one gather and
+  the outputs back in another, and the backward pass gathers too (`_Take`: no zero-fill and
+  scatter-add); the only Python loop is over the groups (at most 2 * log2(T) + 1). A model
+  describes a batch's documents once per forward (`Documents`) and every layer reuses it.
 - `block_causal_mask`: the same attention as one SDPA call with a block-diagonal causal boolean
   mask [B, 1, T, T]. It computes (and stores) the row's whole square, so it is the reference the
   grouped path is tested against, and what Hugging Face models get (below).
@@ -39,7 +41,9 @@ import torch.nn.functional as F
 __all__ = [
     "block_causal_mask",
     "cu_seqlens",
+    "Documents",
     "document_attention",
+    "document_attention_qkv",
     "hf_packed_mask",
     "grouped_document_attention",
     "is_packed",
@@ -83,6 +87,7 @@ class LengthGroups(NamedTuple):
     gather: torch.Tensor  # [P] int64: token (of the flattened B * T) read into each slot
     shapes: list[tuple[int, int]]  # per group: (documents n, longest L); n * L slots each
     place: torch.Tensor  # [B * T] int64: the slot holding each token's own output
+    own: torch.Tensor  # [P] int64: the token whose own slot this is, B * T for a filler slot
 
 
 def length_groups(doc: torch.Tensor) -> LengthGroups:
@@ -118,35 +123,93 @@ def length_groups(doc: torch.Tensor) -> LengthGroups:
         shapes.append((n, L))
         offset += n * L
     # Every token is in exactly one document, so `where` is a permutation of the B * T tokens.
+    tokens, own_slots = torch.cat(where), torch.cat(slots)
     place = torch.empty(N, dtype=torch.long, device=doc.device)
-    place[torch.cat(where)] = torch.cat(slots)
-    return LengthGroups(torch.cat(gather), shapes, place)
+    place[tokens] = own_slots
+    own = torch.full((offset,), N, dtype=torch.long, device=doc.device)
+    own[own_slots] = tokens
+    return LengthGroups(torch.cat(gather), shapes, place, own)
+
+
+class Documents:
+    """The documents of a packed [B, T] batch, described once per forward and shared by every
+    attention layer: the varlen kernels' boundaries and the grouped path's slots are each worked
+    out on first use only (a model with 32 layers would otherwise redo it 32 times)."""
+
+    def __init__(self, doc: torch.Tensor):
+        self.doc = doc
+        self._cu: tuple[torch.Tensor, int] | None = None
+        self._groups: LengthGroups | None = None
+
+    @property
+    def cu_seqlens(self) -> tuple[torch.Tensor, int]:
+        if self._cu is None:
+            self._cu = cu_seqlens(self.doc)
+        return self._cu
+
+    @property
+    def groups(self) -> LengthGroups:
+        if self._groups is None:
+            self._groups = length_groups(self.doc)
+        return self._groups
+
+
+def _documents(doc: torch.Tensor | Documents) -> Documents:
+    return doc if isinstance(doc, Documents) else Documents(doc)
+
+
+class _Take(torch.autograd.Function):
+    """`x[index]` along dim 0, whose gradient is `g[back]` (`g` with one zero row appended when
+    `zero_row`): moving tokens to slots and back with two gathers, where autograd's own
+    backward of an index would zero-fill and scatter-add. Exact for the grouped path: a filler
+    slot's gradient is zero (its query's output is never read back; its key and value are seen
+    only by later filler queries), so dropping it or feeding it zeros loses nothing."""
+
+    @staticmethod
+    def forward(ctx, x, index, back, zero_row):
+        ctx.save_for_backward(back)
+        ctx.zero_row = zero_row
+        return x.index_select(0, index)
+
+    @staticmethod
+    def backward(ctx, g):
+        (back,) = ctx.saved_tensors
+        if ctx.zero_row:
+            g = torch.cat([g, g.new_zeros((1, *g.shape[1:]))])
+        return g.index_select(0, back), None, None, None
+
+
+def _grouped_qkv(qkv: torch.Tensor, docs: Documents, dropout_p: float) -> torch.Tensor:
+    """The grouped path on qkv [B, T, 3, H, D]; returns [B, T, H, D]."""
+    B, T, _, H, D = qkv.shape
+    groups = docs.groups
+    slots = _Take.apply(qkv.reshape(B * T, 3, H, D), groups.gather, groups.place, False)
+    outs = []
+    sizes = [n * L for n, L in groups.shapes]
+    for part, (n, L) in zip(slots.split(sizes), groups.shapes, strict=True):
+        # [n * L, 3, H, D] -> 3 x [n, H, L, D]. The filler after each document is never attended
+        # to by its real queries (causal), and the filler's own outputs are never read back.
+        q, k, v = part.view(n, L, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
+        outs.append(out.transpose(1, 2).reshape(n * L, H, D))
+    out = _Take.apply(torch.cat(outs), groups.place, groups.own, True)
+    return out.view(B, T, H, D)
 
 
 def grouped_document_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc: torch.Tensor, dropout_p: float = 0.0
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    doc: torch.Tensor | Documents,
+    dropout_p: float = 0.0,
 ) -> torch.Tensor:
     """Causal attention within documents without a [T, T] mask (module docstring): one causal
     SDPA call per length group. q, k, v: [B, H, T, D]; doc: [B, T]. Returns [B, H, T, D].
 
-    One gather per input and one per output for all groups together: a backward pass then
-    zero-fills and scatters each full-size gradient once, not once per group."""
-    B, H, T, D = q.shape
-    groups = length_groups(doc)
-    sizes = [n * L for n, L in groups.shapes]
-
-    def slots(x):
-        x = x.transpose(1, 2).reshape(B * T, H, D)[groups.gather]
-        return x.split(sizes)
-
-    outs = []
-    for qg, kg, vg, (n, L) in zip(slots(q), slots(k), slots(v), groups.shapes, strict=True):
-        # [n * L, H, D] -> [n, H, L, D]. The filler after each document is never attended to by
-        # its real queries (causal), and the filler's own outputs are never read back.
-        qg, kg, vg = (x.view(n, L, H, D).transpose(1, 2) for x in (qg, kg, vg))
-        out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True, dropout_p=dropout_p)
-        outs.append(out.transpose(1, 2).reshape(n * L, H, D))
-    return torch.cat(outs)[groups.place].view(B, T, H, D).transpose(1, 2)
+    One gather into the slots for q, k and v together and one back for all groups: gathers both
+    ways in the backward pass too (`_Take`), no zero-fill and scatter-add per group."""
+    qkv = torch.stack([x.transpose(1, 2) for x in (q, k, v)], dim=2)
+    return _grouped_qkv(qkv, _documents(doc), dropout_p).transpose(1, 2)
 
 
 def varlen_usable(q: torch.Tensor, dropout_p: float) -> bool:
@@ -154,23 +217,35 @@ def varlen_usable(q: torch.Tensor, dropout_p: float) -> bool:
     return q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and dropout_p == 0.0
 
 
-def document_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc: torch.Tensor, dropout_p: float = 0.0
+def document_attention_qkv(
+    qkv: torch.Tensor, doc: torch.Tensor | Documents, dropout_p: float = 0.0
 ) -> torch.Tensor:
-    """Causal attention within documents. q, k, v: [B, H, T, D]; doc: [B, T] document numbers.
-    Returns [B, H, T, D]."""
-    if varlen_usable(q, dropout_p):
+    """Causal attention within documents, from the fused projection: qkv [B, T, 3, H, D] (as a
+    model's one qkv linear lays it out), doc: [B, T] document numbers or their `Documents`.
+    Returns [B, T, H, D], ready for the output projection."""
+    docs = _documents(doc)
+    if varlen_usable(qkv, dropout_p):
         from torch.nn.attention.varlen import varlen_attn
 
-        B, H, T, D = q.shape
-        cu, longest = cu_seqlens(doc)
+        B, T, _, H, D = qkv.shape
+        cu, longest = docs.cu_seqlens
+        q, k, v = qkv.reshape(B * T, 3, H, D).unbind(1)
+        out = varlen_attn(q, k, v, cu, cu, longest, longest, window_size=(-1, 0))
+        return out.view(B, T, H, D)
+    return _grouped_qkv(qkv, docs, dropout_p)
 
-        def flat(x):
-            return x.transpose(1, 2).reshape(B * T, H, D)
 
-        out = varlen_attn(flat(q), flat(k), flat(v), cu, cu, longest, longest, window_size=(-1, 0))
-        return out.view(B, T, H, D).transpose(1, 2)
-    return grouped_document_attention(q, k, v, doc, dropout_p)
+def document_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    doc: torch.Tensor | Documents,
+    dropout_p: float = 0.0,
+) -> torch.Tensor:
+    """Causal attention within documents. q, k, v: [B, H, T, D]; doc: [B, T] document numbers
+    or their `Documents`. Returns [B, H, T, D]."""
+    qkv = torch.stack([x.transpose(1, 2) for x in (q, k, v)], dim=2)
+    return document_attention_qkv(qkv, doc, dropout_p).transpose(1, 2)
 
 
 def hf_packed_mask(doc: torch.Tensor, attn_implementation: str | None, dtype: torch.dtype):

@@ -239,3 +239,49 @@ def test_the_tiny_decoder_on_cpu_never_builds_a_row_square_mask(monkeypatch):
         packed = _fwd(model, _packed_batch())
     alone = _fwd(model, _one_doc_batches()[1])[0]
     torch.testing.assert_close(packed[0, 5:14], alone.detach(), rtol=1e-4, atol=1e-5)
+
+
+def test_the_documents_are_described_once_per_forward_not_once_per_layer(monkeypatch):
+    calls = []
+    real = packed_attention.length_groups
+    monkeypatch.setattr(packed_attention, "length_groups", lambda d: calls.append(1) or real(d))
+    model = _tiny()
+    assert len(model.blocks) == 2
+    b = _packed_batch()
+    loss, _ = token_sums(_fwd(model.train(), b), b["labels"])
+    loss.backward()
+    assert len(calls) == 1
+
+
+def _reference_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, window_size=(-1, -1), **kw):
+    """What torch's flash varlen_attn computes, on CPU: each [cu[i], cu[i+1]) slice of the
+    flattened tokens is one sequence; window (-1, 0) is causal."""
+    assert window_size == (-1, 0) and torch.equal(cu_q, cu_k) and max_q == max_k and not kw
+    assert cu_q.dtype == torch.int32 and int(cu_q[-1]) == q.shape[0]
+    assert max_q == int((cu_q[1:] - cu_q[:-1]).max())
+    out = torch.empty_like(q)
+    for a, b in zip(cu_q[:-1].tolist(), cu_q[1:].tolist(), strict=True):
+        s = (x[a:b].transpose(0, 1) for x in (q, k, v))  # [H, n, D]
+        out[a:b] = F.scaled_dot_product_attention(*s, is_causal=True).transpose(0, 1)
+    return out
+
+
+def test_the_varlen_call_hands_the_kernel_the_documents_it_expects(monkeypatch):
+    """The CUDA path's plumbing on CPU: the tokens flattened as [B * T, H, D], cu_seqlens over
+    the documents, causal window; run through a reference of the kernel, the tiny decoder's
+    packed logits equal its grouped path's (tests/gpu runs the real kernel)."""
+    from torch.nn.attention import varlen
+
+    model = _tiny()
+    b = _packed_batch()
+    with torch.no_grad():
+        grouped = _fwd(model, b)
+        monkeypatch.setattr(varlen, "varlen_attn", _reference_varlen)
+        monkeypatch.setattr(packed_attention, "varlen_usable", lambda q, p: True)
+        through_varlen = _fwd(model, b)
+        doc = b["attention_mask"]
+        q, k, v = (torch.randn(doc.shape[0], 3, doc.shape[1], 4) for _ in range(3))
+        out = packed_attention.document_attention(q, k, v, doc)
+    torch.testing.assert_close(through_varlen, grouped, rtol=1e-5, atol=1e-6)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=block_causal_mask(doc))
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
