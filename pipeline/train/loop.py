@@ -21,7 +21,9 @@ from pipeline.train.stop import stop_flag_name, stop_poller
 from pipeline.train.trainer import RunSpec, Trainer
 
 __all__ = [
+    "GpuUnusableError",
     "LoopInputs",
+    "check_device",
     "GroupStats",
     "train_loop",
     "train_group",
@@ -84,6 +86,29 @@ def _remove_partial_checkpoint(name: str) -> None:
         pass
 
 
+class GpuUnusableError(RuntimeError):
+    """Ray gave a rank a GPU that torch cannot use: the same on every retry on that node."""
+
+    retryable = False  # pipeline.train.control ends the run at once with this one line
+
+
+def check_device(device, rank: int, *, cuda_available=None) -> None:
+    """Refuse a CUDA device torch cannot reach (a driver older than the CUDA torch was built
+    with: torch then reports no GPU rather than failing), naming both versions and the fix."""
+    import torch
+
+    available = torch.cuda.is_available() if cuda_available is None else cuda_available
+    if device.type != "cuda" or available:
+        return
+    raise GpuUnusableError(
+        f"rank {rank} was given GPU {device} but torch {torch.__version__} (built with CUDA "
+        f"{torch.version.cuda or 'none: a CPU build'}) cannot use it: torch.cuda.is_available() "
+        "is False. The NVIDIA driver is likely older than that CUDA needs (CUDA 13.x: driver "
+        ">= 580; 12.x: >= 525.60.13) or the torch build has no CUDA; run scripts/check_node.sh "
+        "in the image on that node (docs/cluster.md, CUDA: which version matters)"
+    )
+
+
 def train_loop(config: dict) -> None:
     """Ray Train's train_loop_per_worker. `config` is LoopInputs.to_dict()."""
     import ray.train
@@ -97,6 +122,7 @@ def train_loop(config: dict) -> None:
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device = ray.train.torch.get_device()
+    check_device(device, rank)
     spec = RunSpec(
         rank=rank,
         world=world,

@@ -103,6 +103,21 @@ def test_image_installs_the_pinned_torch_in_its_own_layer():
     assert torch[0] < first_copy
 
 
+def test_image_names_the_cuda_build_of_torch_and_the_docs_say_which_driver_it_needs():
+    """PyPI's Linux torch 2.13.0 is the CUDA 13.0 build (driver >= 580); on an older driver
+    torch reports no GPU. The image picks the build from PyTorch's index by a build argument,
+    and docs/cluster.md names that default and its driver floor."""
+    lines = _dockerfile()
+    (arg,) = [ln for ln in lines if ln.startswith("ARG TORCH_CUDA=")]
+    default = arg.split("=", 1)[1].strip()
+    assert re.fullmatch(r"cu\d{3}", default), arg
+    (install,) = [ln for ln in lines if f"torch=={_pyproject_pin('torch')}" in ln]
+    assert "--index-url" in install and "download.pytorch.org/whl/${TORCH_CUDA}" in install
+    docs = (ROOT / "docs" / "cluster.md").read_text()
+    assert f"TORCH_CUDA={default}" in docs or f"`{default}`" in docs
+    assert "580" in docs  # the driver a CUDA 13 torch needs
+
+
 def test_dockerignore_keeps_local_state_out_of_the_image():
     lines = {ln.strip().rstrip("/") for ln in (ROOT / ".dockerignore").read_text().splitlines()}
     assert {".git", ".venv", "data", "runs", "wandb"} <= lines
