@@ -10,8 +10,9 @@
 #           script itself works; the default test suite runs it (tests/unit/test_check_node.py).
 # Environment: PY (python to use, default python), CHECK_TIMEOUT_S (default 120), CHECK_MIB
 #   (all-reduce size per rank, default 64).
-# Exit codes: 0 all good; 2 usage; 3 torch sees no CUDA or fewer than 2 GPUs; 4 torch has no
-#   NCCL; 5 the all-reduce failed, timed out or returned a wrong sum.
+# Exit codes: 0 all good; 2 usage; 3 a driver older than torch's CUDA needs, torch sees no CUDA
+#   or fewer than 2 GPUs; 4 torch has no NCCL; 5 the all-reduce failed, timed out or returned a
+#   wrong sum.
 set -uo pipefail
 
 mode=nccl
@@ -43,6 +44,7 @@ if role == "info":
     libc = " ".join(platform.libc_ver())  # torch's manylinux_2_28 wheel needs glibc >= 2.28
     print(f"python {platform.python_version()} | {libc} | ray {ray_v} | torch {torch.__version__}")
     print(f"torch built with CUDA {torch.version.cuda} | cuDNN {torch.backends.cudnn.version()}")
+    drv = []
     try:
         drv = subprocess.run(
             ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
@@ -51,6 +53,13 @@ if role == "info":
         print(f"NVIDIA driver {drv[0] if drv else 'unknown (nvidia-smi printed nothing)'}")
     except (OSError, subprocess.TimeoutExpired):
         print("NVIDIA driver unknown (no nvidia-smi)")
+    # The oldest driver each CUDA major supports (minor-version compatibility).
+    floor = {"12": 525, "13": 580}.get((torch.version.cuda or "").split(".")[0])
+    if floor and drv and drv[0].split(".")[0].isdigit() and int(drv[0].split(".")[0]) < floor:
+        print(f"FAIL: torch's CUDA {torch.version.cuda} needs NVIDIA driver >= {floor}, this node "
+              f"has {drv[0]}: rebuild the image with --build-arg TORCH_CUDA=cu126 or update the "
+              "driver (docs/cluster.md, CUDA: which version matters)", file=sys.stderr)
+        sys.exit(3)
     if mode == "gloo":
         print(f"gloo available: {dist.is_gloo_available()} (CPU dry run: GPUs not checked)")
         sys.exit(0 if dist.is_gloo_available() else 4)
