@@ -327,6 +327,7 @@ def measure_step_kernel(
         "config": config,
         "documents": int(lens.size),
         "real_tokens": real,
+        "max_length": T,
         "row_tokens": R,
         "micro_batch_slots": slots,
         "packed_rows": int(closed.size),

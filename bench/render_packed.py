@@ -119,9 +119,10 @@ def _kernel(k: dict) -> list[str]:
         "### The step kernel",
         "",
         f"Forward + backward of the same model on the same {k['documents']} documents "
-        f"({k['real_tokens']:,} real tokens, the preset's lengths scaled to {k['row_tokens']}), "
-        f"one thread, micro-batches of at most {k['micro_batch_slots']:,} token slots: "
-        f"{k['packed_rows']} packed rows ({k['packed_slots']:,} slots) against "
+        f"({k['real_tokens']:,} real tokens, the preset's lengths scaled to "
+        f"{k.get('max_length', k['row_tokens'])}), one thread, micro-batches of at most "
+        f"{k['micro_batch_slots']:,} token slots: {k['packed_rows']} packed rows of "
+        f"{k['row_tokens']:,} tokens ({k['packed_slots']:,} slots) against "
         f"{k['padded_batches']} padded batches ({k['padded_slots']:,} slots); median of "
         f"{k['repeats']} after a warm-up, variants interleaved; load average {_load(k['load1'])}.",
         "",
