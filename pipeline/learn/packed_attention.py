@@ -68,15 +68,21 @@ def block_causal_mask(doc: torch.Tensor) -> torch.Tensor:
     return ((doc[:, :, None] == doc[:, None, :]) & causal)[:, None]
 
 
-def cu_seqlens(doc: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """(int32 boundaries of every document of the flattened [B * T] batch, padding tails
-    included, and the longest one's length): the varlen kernels' description of the rows."""
-    B, T = doc.shape
+def _document_starts(doc: torch.Tensor) -> torch.Tensor:
+    """Where each document of the flattened [B * T] batch starts (padding tails included)."""
+    T = doc.shape[-1]
     flat = doc.reshape(-1)
     start = torch.ones_like(flat, dtype=torch.bool)
     start[1:] = flat[1:] != flat[:-1]
     start[::T] = True  # a row never continues the previous row's document
-    idx = torch.nonzero(start).flatten()
+    return torch.nonzero(start).flatten()
+
+
+def cu_seqlens(doc: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(int32 boundaries of every document of the flattened [B * T] batch, padding tails
+    included, and the longest one's length): the varlen kernels' description of the rows."""
+    B, T = doc.shape
+    idx = _document_starts(doc)
     cu = torch.cat([idx, idx.new_tensor([B * T])]).to(torch.int32)
     return cu, int((cu[1:] - cu[:-1]).max())
 
@@ -100,11 +106,7 @@ def length_groups(doc: torch.Tensor) -> LengthGroups:
     than sqrt(2) times its length and its causal square to less than 2 times its own."""
     B, T = doc.shape
     N = B * T
-    flat = doc.reshape(-1)
-    start = torch.ones_like(flat, dtype=torch.bool)
-    start[1:] = flat[1:] != flat[:-1]
-    start[::T] = True  # a row never continues the previous row's document
-    first = torch.nonzero(start).flatten()
+    first = _document_starts(doc)
     length = torch.diff(first, append=first.new_tensor([N]))
     # ceil(2 * log2(length)): half-octave classes (a power of two sits on its class's top edge).
     cls = torch.ceil(2 * torch.log2(length.double()) - 1e-9).long()
@@ -179,6 +181,11 @@ class _Take(torch.autograd.Function):
         return g.index_select(0, back), None, None, None
 
 
+def _fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """q, k, v [B, H, T, D] as one qkv [B, T, 3, H, D], the layout of a fused projection."""
+    return torch.stack([x.transpose(1, 2) for x in (q, k, v)], dim=2)
+
+
 def _grouped_qkv(qkv: torch.Tensor, docs: Documents, dropout_p: float) -> torch.Tensor:
     """The grouped path on qkv [B, T, 3, H, D]; returns [B, T, H, D]."""
     B, T, _, H, D = qkv.shape
@@ -208,8 +215,7 @@ def grouped_document_attention(
 
     One gather into the slots for q, k and v together and one back for all groups: gathers both
     ways in the backward pass too (`_Take`), no zero-fill and scatter-add per group."""
-    qkv = torch.stack([x.transpose(1, 2) for x in (q, k, v)], dim=2)
-    return _grouped_qkv(qkv, _documents(doc), dropout_p).transpose(1, 2)
+    return _grouped_qkv(_fused(q, k, v), _documents(doc), dropout_p).transpose(1, 2)
 
 
 def varlen_usable(q: torch.Tensor, dropout_p: float) -> bool:
@@ -244,8 +250,7 @@ def document_attention(
 ) -> torch.Tensor:
     """Causal attention within documents. q, k, v: [B, H, T, D]; doc: [B, T] document numbers
     or their `Documents`. Returns [B, H, T, D]."""
-    qkv = torch.stack([x.transpose(1, 2) for x in (q, k, v)], dim=2)
-    return document_attention_qkv(qkv, doc, dropout_p).transpose(1, 2)
+    return document_attention_qkv(_fused(q, k, v), doc, dropout_p).transpose(1, 2)
 
 
 def hf_packed_mask(doc: torch.Tensor, attn_implementation: str | None, dtype: torch.dtype):
