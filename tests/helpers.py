@@ -1,12 +1,26 @@
-"""One tiny, valid run config for tests (every test that needs "some small run" starts here)."""
+"""What many tests share: one tiny, valid run config (every test that needs "some small run"
+starts here) and free local ports for servers a test starts."""
 
 from __future__ import annotations
 
+import socket
+from contextlib import ExitStack
 from pathlib import Path
 
 from pipeline.core.config import RunConfig, validate
 
-__all__ = ["tiny_raw", "tiny_config"]
+__all__ = ["free_ports", "tiny_raw", "tiny_config"]
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` distinct ports free on 127.0.0.1 now. Every socket stays bound until all `n` are
+    taken: asking one at a time can hand back the same port twice, and a server given one port
+    for two of its components refuses to start."""
+    with ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
 
 
 def tiny_raw(tmp_path: Path | str | None = None, **sections: dict) -> dict:

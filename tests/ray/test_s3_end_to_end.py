@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ from pipeline.train.history import StepHistory
 from pipeline.train.launch import run
 from pipeline.train.loop import FAIL_AT_STEP_ENV, FAIL_MARKER_ENV
 from pipeline.train.run_picture import draw_run
+from tests.helpers import free_ports
 from tests.ray.conftest import private_ray
 
 pytestmark = pytest.mark.ray
@@ -45,12 +45,6 @@ RUNS = f"s3://{BUCKET}/runs"
 ACCESS_KEY = "AKIABUCKETRAYTEST0001"
 SECRET_KEY = "bucketray-dummy-secret-must-never-be-written"
 CHECKPOINT_EVERY, FAIL_AFTER, MAX_STEPS = 4, 6, 10
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_until_answers(url: str, proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
@@ -69,7 +63,7 @@ def _wait_until_answers(url: str, proc: subprocess.Popen, timeout_s: float = 30.
 @pytest.fixture(scope="module")
 def s3_env(tmp_path_factory):
     """A moto S3 server on a free loopback port, and the AWS_* environment pointing at it."""
-    port = _free_port()
+    (port,) = free_ports(1)
     endpoint = f"http://127.0.0.1:{port}"
     log = tmp_path_factory.mktemp("moto") / "moto.log"
     with log.open("wb") as out:

@@ -15,7 +15,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import free_ports
+
 ROOT = Path(__file__).resolve().parents[2]
 SUBMIT = ROOT / "infra" / "submit.sh"
 VENV_BIN = Path(sys.executable).parent
@@ -34,12 +35,6 @@ REPORT_PREFIX = "SUBMIT_PROBE "
 EXCLUDED = (".venv", ".git", "data", "runs", "wandb")
 
 pytestmark = pytest.mark.ray
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(url: str, token: str | None) -> int:
@@ -68,7 +63,7 @@ def ray_head():
     token_path = tmp / "auth_token"
     token_path.write_text(secrets.token_hex(32))
     token_path.chmod(0o600)
-    dashboard = _free_port()
+    gcs, dashboard, agent, client = free_ports(4)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update(
         PATH=f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}",
@@ -79,11 +74,11 @@ def ray_head():
     cmd = [
         str(VENV_BIN / "ray"), "start", "--head", "--block",
         "--num-cpus=2",
-        f"--port={_free_port()}",
+        f"--port={gcs}",
         "--dashboard-host=127.0.0.1",
         f"--dashboard-port={dashboard}",
-        f"--dashboard-agent-listen-port={_free_port()}",
-        f"--ray-client-server-port={_free_port()}",
+        f"--dashboard-agent-listen-port={agent}",
+        f"--ray-client-server-port={client}",
         f"--temp-dir={tmp / 'ray'}",
     ]  # fmt: skip
     log = open(tmp / "ray_start.log", "w")
