@@ -9,15 +9,19 @@ Kernels, chosen per call:
 - CUDA, fp16/bf16, no attention dropout: `torch.nn.attention.varlen.varlen_attn` (flash
   attention over the row's documents as variable-length sequences; cu_seqlens from the
   document numbers). Work is the sum of the documents' causal squares, not the row's.
-- Otherwise (CPU, fp32, dropout): the documents of the batch are gathered into a few groups of
-  similar length (`length_groups`: lengths within a factor of sqrt(2)), each group padded at the
-  end of every document to its longest and run through SDPA with `is_causal=True`, then
-  scattered back. A pad only follows its document's real tokens, so causality alone keeps every
-  real query away from it: no [T, T] mask is built, and the work is the sum of the documents'
-  causal squares times at most 2 (a document is padded to under sqrt(2) times its length)
-  instead of the row's whole square. q, k and v move into the groups' slots in one gather and
-  the outputs back in another, and the backward pass gathers too (`_Take`: no zero-fill and
-  scatter-add); the only Python loop is over the groups (at most 2 * log2(T) + 1). A model
+- Otherwise (CPU, fp32, dropout): the documents of the batch are sorted by length and cut into
+  groups (`length_groups`), each group padded at the end of every document to its longest and run
+  through SDPA with `is_causal=True`, then scattered back. A pad only follows its document's real
+  tokens, so causality alone keeps every real query away from it: no [T, T] mask is built, and
+  the work is the sum of the documents' causal squares plus the groups' filler instead of the
+  row's whole square. Where to cut is exact dynamic programming over the batch's distinct
+  lengths under a declared cost (query-key pairs, slots, calls: `COST_PER_SLOT`,
+  `COST_PER_CALL`), so the filler stays a few per cent of the work at a few dozen calls. q, k and
+  v move into the groups' slots in one gather and the outputs back in another. On CPU without
+  dropout the whole path is one autograd node (`_GroupedFlashCPU`: torch's CPU flash kernel and
+  its backward per group, each group's gradients copied once into one buffer); elsewhere
+  autograd's graph of the same calls runs, with gathers both ways in the backward pass too
+  (`_Take`). The only Python loops are over the groups and the distinct lengths. A model
   describes a batch's documents once per forward (`Documents`) and every layer reuses it.
 - `block_causal_mask`: the same attention as one SDPA call with a block-diagonal causal boolean
   mask [B, 1, T, T]. It computes (and stores) the row's whole square, so it is the reference the
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -96,41 +101,79 @@ class LengthGroups(NamedTuple):
     own: torch.Tensor  # [P] int64: the token whose own slot this is, B * T for a filler slot
 
 
+# The grouped path's cost of one SDPA call over n documents padded to L, forward and backward, in
+# units of one causal query-key pair (L * L / 2 of them per document): COST_PER_SLOT per slot,
+# COST_PER_CALL per call. Measured on a CPU (fp32, one thread, 4 heads of 32): ~56 ns per pair,
+# ~0.6 us per slot, ~40 us per call. Only their ratios matter: they set how many groups a
+# batch's documents are split into (`_group_bounds`).
+COST_PER_SLOT = 11.0
+COST_PER_CALL = 700.0
+
+
+def _group_bounds(lengths: np.ndarray, counts: np.ndarray) -> list[int]:
+    """Split the sorted distinct `lengths` (each held by `counts` documents) into consecutive
+    groups, each padded to its longest, at the least total cost (pairs + slots + calls: see the
+    constants above). Exact dynamic programming over the u distinct lengths, O(u^2) in numpy.
+    Returns the end (exclusive) of every group, in order."""
+    u = lengths.size
+    cum = np.concatenate([[0], np.cumsum(counts)]).astype(np.float64)
+    L = lengths.astype(np.float64)
+    best = np.zeros(u + 1)
+    start = np.zeros(u + 1, dtype=np.int64)
+    for j in range(1, u + 1):
+        # groups [i, j) for every i < j: n documents padded to lengths[j - 1]
+        n = cum[j] - cum[:j]
+        top = L[j - 1]
+        cost = best[:j] + n * (top * (top + 1) / 2 + COST_PER_SLOT * top) + COST_PER_CALL
+        i = int(np.argmin(cost))
+        best[j], start[j] = cost[i], i
+    ends, j = [], u
+    while j > 0:
+        ends.append(j)
+        j = int(start[j])
+    return ends[::-1]
+
+
 def length_groups(doc: torch.Tensor) -> LengthGroups:
     """The documents of a [B, T] batch of document numbers (padding tails included, as one more
     document each) grouped by length, laid out as slots: group g is an [n, L] block of slots whose
     row i holds document i's tokens, then filler (copies of later tokens) up to the group's
     longest L.
 
-    Group g holds the lengths in (sqrt(2)^(g-1), sqrt(2)^g], so a document is padded to less
-    than sqrt(2) times its length and its causal square to less than 2 times its own."""
+    Documents are sorted by length and cut into consecutive groups at the least estimated cost
+    (`_group_bounds`): a group's filler costs attention work, every group one more kernel call.
+    Worked out on the host in numpy (a handful of vectorised steps and a loop over the batch's
+    distinct lengths), then moved to `doc`'s device."""
     B, T = doc.shape
     N = B * T
-    first = _document_starts(doc)
-    length = torch.diff(first, append=first.new_tensor([N]))
-    # ceil(2 * log2(length)): half-octave classes (a power of two sits on its class's top edge).
-    cls = torch.ceil(2 * torch.log2(length.double()) - 1e-9).long()
-    gather, where, slots, shapes = [], [], [], []
-    offset = 0
-    for c in torch.unique(cls).tolist():
-        sel = torch.nonzero(cls == c).flatten()
-        n_len = length[sel]
-        n, L = sel.numel(), int(n_len.max())
-        steps = torch.arange(L, device=doc.device)
-        index = (first[sel][:, None] + steps[None, :]).clamp_(max=N - 1)
-        valid = steps[None, :] < n_len[:, None]
-        gather.append(index.reshape(-1))
-        where.append(index[valid])
-        slots.append(offset + torch.nonzero(valid.reshape(-1)).flatten())
-        shapes.append((n, L))
-        offset += n * L
-    # Every token is in exactly one document, so `where` is a permutation of the B * T tokens.
-    tokens, own_slots = torch.cat(where), torch.cat(slots)
-    place = torch.empty(N, dtype=torch.long, device=doc.device)
-    place[tokens] = own_slots
-    own = torch.full((offset,), N, dtype=torch.long, device=doc.device)
-    own[own_slots] = tokens
-    return LengthGroups(torch.cat(gather), shapes, place, own)
+    first = _document_starts(doc).cpu().numpy()
+    length = np.diff(first, append=N)
+    order = np.argsort(length, kind="stable")
+    lengths, counts = np.unique(length[order], return_counts=True)
+    ends = _group_bounds(lengths, counts)
+    # Per group: its documents (a run of `order`) and their padded length.
+    doc_end = np.cumsum(counts)[np.asarray(ends) - 1]
+    doc_start = np.concatenate([[0], doc_end[:-1]])
+    top = lengths[np.asarray(ends) - 1]
+    shapes = [(int(e - s), int(L)) for s, e, L in zip(doc_start, doc_end, top, strict=True)]
+    padded = np.repeat(top, doc_end - doc_start)  # per document, in `order`
+    slot0 = np.concatenate([[0], np.cumsum(padded)[:-1]])
+    P = int(padded.sum())
+    # Slot s belongs to document d (in `order`) at step pos = s - slot0[d].
+    d = np.repeat(np.arange(order.size), padded)
+    pos = np.arange(P) - slot0[d]
+    src = first[order][d] + pos
+    valid = pos < length[order][d]
+    gather = np.minimum(src, N - 1)
+    own = np.where(valid, src, N)
+    place = np.empty(N, dtype=np.int64)
+    place[src[valid]] = np.flatnonzero(valid)  # every token is in exactly one document
+    dev = doc.device
+    return LengthGroups(
+        *(torch.from_numpy(a).to(dev) for a in (gather,)),
+        shapes,
+        *(torch.from_numpy(a).to(dev) for a in (place, own)),
+    )
 
 
 class Documents:
@@ -186,17 +229,85 @@ def _fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return torch.stack([x.transpose(1, 2) for x in (q, k, v)], dim=2)
 
 
+_FLASH_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+_FLASH_CPU_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+
+
+def _heads_first(part: torch.Tensor, n: int, L: int) -> tuple[torch.Tensor, ...]:
+    """A group's slots [n * L, 3, H, D] as q, k, v [n, H, L, D] views (no copy)."""
+    _, _, H, D = part.shape
+    return part.view(n, L, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)
+
+
+class _GroupedFlashCPU(torch.autograd.Function):
+    """The grouped path on CPU as one autograd node: torch's CPU flash-attention kernel and its
+    backward called per group, on views of one slot buffer. Autograd's own graph of the same
+    path stacks q, k, v's gradients, concatenates the groups' and zero-fills the filler; here
+    each group's gradients are copied once into one buffer and gathered back to the tokens."""
+
+    @staticmethod
+    def forward(ctx, qkv, groups, dropout_p):
+        N, _, H, D = qkv.shape
+        slots = qkv.index_select(0, groups.gather)
+        outs, lses = [], []
+        sizes = [n * L for n, L in groups.shapes]
+        for part, (n, L) in zip(slots.split(sizes), groups.shapes, strict=True):
+            out, lse = _FLASH_CPU(*_heads_first(part, n, L), dropout_p, True)
+            outs.append(out)
+            lses.append(lse)
+        # The kernel's output [n, H, L, D] is a transposed view of a contiguous [n, L, H, D].
+        out_slots = torch.cat([o.transpose(1, 2).reshape(-1, H, D) for o in outs])
+        ctx.save_for_backward(slots, out_slots, *lses)
+        ctx.groups, ctx.dropout_p = groups, dropout_p
+        return out_slots.index_select(0, groups.place)
+
+    @staticmethod
+    def backward(ctx, grad):
+        slots, out_slots, *lses = ctx.saved_tensors
+        groups = ctx.groups
+        _, _, H, D = slots.shape
+        # A filler slot's output is never read back: its gradient is zero.
+        g = torch.cat([grad.contiguous(), grad.new_zeros((1, H, D))]).index_select(0, groups.own)
+        dslots = torch.empty_like(slots)
+        sizes = [n * L for n, L in groups.shapes]
+        parts = zip(
+            slots.split(sizes),
+            out_slots.split(sizes),
+            g.split(sizes),
+            dslots.split(sizes),
+            lses,
+            strict=True,
+        )
+        for (part, out, gp, dp, lse), (n, L) in zip(parts, groups.shapes, strict=True):
+            q, k, v = _heads_first(part, n, L)
+            heads = [x.view(n, L, H, D).transpose(1, 2) for x in (out, gp)]
+            dq, dk, dv = _FLASH_CPU_BACKWARD(heads[1], q, k, v, heads[0], lse, ctx.dropout_p, True)
+            for dst, src in zip(_heads_first(dp, n, L), (dq, dk, dv), strict=True):
+                dst.copy_(src)
+        # A filler slot's gradient is zero too (module docstring), so gathering each token's own
+        # slot is the whole gradient.
+        return dslots.index_select(0, groups.place), None, None
+
+
+def _flash_cpu_usable(qkv: torch.Tensor, dropout_p: float) -> bool:
+    """`_GroupedFlashCPU` runs: a CPU tensor and no attention dropout (the backward would have to
+    replay the forward's dropout); elsewhere autograd's graph of the same calls runs."""
+    return qkv.device.type == "cpu" and dropout_p == 0.0
+
+
 def _grouped_qkv(qkv: torch.Tensor, docs: Documents, dropout_p: float) -> torch.Tensor:
     """The grouped path on qkv [B, T, 3, H, D]; returns [B, T, H, D]."""
     B, T, _, H, D = qkv.shape
     groups = docs.groups
+    if _flash_cpu_usable(qkv, dropout_p):
+        return _GroupedFlashCPU.apply(qkv.reshape(B * T, 3, H, D), groups, 0.0).view(B, T, H, D)
     slots = _Take.apply(qkv.reshape(B * T, 3, H, D), groups.gather, groups.place, False)
     outs = []
     sizes = [n * L for n, L in groups.shapes]
     for part, (n, L) in zip(slots.split(sizes), groups.shapes, strict=True):
         # [n * L, 3, H, D] -> 3 x [n, H, L, D]. The filler after each document is never attended
         # to by its real queries (causal), and the filler's own outputs are never read back.
-        q, k, v = part.view(n, L, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k, v = _heads_first(part, n, L)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
         outs.append(out.transpose(1, 2).reshape(n * L, H, D))
     out = _Take.apply(torch.cat(outs), groups.place, groups.own, True)

@@ -196,8 +196,13 @@ def _random_docs(B, T, seed, pad_tail=True):
     return torch.as_tensor(np.stack(rows), dtype=torch.int32)
 
 
+@pytest.mark.parametrize("one_node", [True, False], ids=["cpu-flash-node", "autograd-graph"])
 @pytest.mark.parametrize("seed", range(4))
-def test_grouped_attention_equals_the_block_mask_path_in_outputs_and_gradients(seed):
+def test_grouped_attention_equals_the_block_mask_path_in_outputs_and_gradients(
+    seed, one_node, monkeypatch
+):
+    if not one_node:  # the path a GPU in fp32, or attention dropout, takes
+        monkeypatch.setattr(packed_attention, "_flash_cpu_usable", lambda qkv, p: False)
     B, H, T, D = 3, 2, 67, 8
     doc = _random_docs(B, T, seed)
     assert (doc == 0).any() and any(
@@ -215,18 +220,52 @@ def test_grouped_attention_equals_the_block_mask_path_in_outputs_and_gradients(s
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_length_groups_cover_every_token_once_and_pad_under_twice_the_causal_work():
+def _group_cost(shapes):
+    return sum(
+        n * (L * (L + 1) / 2 + packed_attention.COST_PER_SLOT * L) + packed_attention.COST_PER_CALL
+        for n, L in shapes
+    )
+
+
+def test_length_groups_cover_every_token_once_at_no_more_cost_than_half_octave_classes():
     doc = _random_docs(4, 300, seed=7)
     groups = length_groups(doc)
     N = doc.numel()
-    assert sorted(groups.place.tolist()) == sorted(set(groups.place.tolist()))
+    assert len(set(groups.place.tolist())) == N  # one own slot per token
     assert torch.equal(groups.gather[groups.place], torch.arange(N))  # each slot reads its token
+    assert torch.equal(groups.own[groups.place], torch.arange(N))
+    assert int((groups.own < N).sum()) == N  # every other slot is filler
     lens = torch.cat([torch.unique_consecutive(r, return_counts=True)[1] for r in doc])
+    assert sum(n for n, _ in groups.shapes) == lens.numel()  # every document in one group
     causal = float((lens * (lens + 1) / 2).sum())
     paid = sum(n * L * (L + 1) / 2 for n, L in groups.shapes)
-    assert causal <= paid < 2 * causal
-    assert len(groups.shapes) <= 2 * np.log2(300) + 1
-    assert paid < doc.shape[0] * 300 * 301 / 2  # below the rows' whole causal squares
+    assert causal <= paid < doc.shape[0] * 300 * 301 / 2  # below the rows' whole squares
+    # Half-octave classes (lengths within sqrt(2) of each other) cost at least as much.
+    cls = torch.ceil(2 * torch.log2(lens.double()) - 1e-9).long()
+    octaves = [(int((cls == c).sum()), int(lens[cls == c].max())) for c in torch.unique(cls)]
+    assert _group_cost(groups.shapes) <= _group_cost(octaves)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_group_bounds_are_the_least_cost_split_of_the_sorted_lengths(seed):
+    rng = np.random.default_rng(seed)
+    lengths = np.unique(rng.integers(1, 400, int(rng.integers(1, 9))))
+    counts = rng.integers(1, 6, lengths.size)
+    ends = packed_attention._group_bounds(lengths, counts)
+    assert ends[-1] == lengths.size and ends == sorted(set(ends))
+
+    def cost(ends):
+        starts = [0, *ends[:-1]]
+        return _group_cost(
+            [
+                (int(counts[s:e].sum()), int(lengths[e - 1]))
+                for s, e in zip(starts, ends, strict=True)
+            ]
+        )
+
+    u = lengths.size  # every split of u sorted lengths into consecutive groups
+    splits = [[j for j in range(1, u) if mask >> (j - 1) & 1] + [u] for mask in range(2 ** (u - 1))]
+    assert cost(ends) == pytest.approx(min(cost(e) for e in splits))
 
 
 def test_the_tiny_decoder_on_cpu_never_builds_a_row_square_mask(monkeypatch):
