@@ -15,7 +15,8 @@ Four measurements, all in one process on one machine, so their ratios compare li
    last three quarters of each run (`quality.loss_readability`). Rounds rotate the order.
 2. The step kernel (`measure_step_kernel`): forward + backward of the same model on the same
    documents, single-threaded, padded (sorted batches, each padded to its longest) against
-   packed rows with the grouped per-document attention and with the block-mask reference.
+   packed rows with the grouped per-document attention and with the block-mask reference, the
+   allocator set as in a training worker (`pipeline.data.rechunk.keep_freed_memory`).
 3. The on-paper table and the time to pack an epoch of the 902K preset (`bench.packing`).
 
     python -m bench.packed_training --out out/bench-packed [--num-samples 2000]
@@ -254,6 +255,7 @@ def measure_step_kernel(
 
     import pipeline.learn.model as model_module
     from pipeline.core.packing import best_fit_rows
+    from pipeline.data.rechunk import keep_freed_memory
     from pipeline.learn import packed_attention as pa
 
     cfg = load_config(config)
@@ -293,6 +295,7 @@ def measure_step_kernel(
     packed_t, padded_t = [tensors(b) for b in packed], [tensors(b) for b in padded]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    reused = keep_freed_memory()  # as in a training worker, whose data stream sets it
     model = _tiny_model(cfg.model, T)
 
     def step(batches):
@@ -341,6 +344,7 @@ def measure_step_kernel(
         "packed_vs_padded": med["padded"] / med["packed"],
         "block_mask_vs_padded": med["padded"] / med["packed_block_mask"],
         "load1": [before, load1()],
+        "keep_freed_memory": reused,
     }
 
 

@@ -124,7 +124,12 @@ def _kernel(k: dict) -> list[str]:
         f"{k['micro_batch_slots']:,} token slots: {k['packed_rows']} packed rows of "
         f"{k['row_tokens']:,} tokens ({k['packed_slots']:,} slots) against "
         f"{k['padded_batches']} padded batches ({k['padded_slots']:,} slots); median of "
-        f"{k['repeats']} after a warm-up, variants interleaved; load average {_load(k['load1'])}.",
+        f"{k['repeats']} after a warm-up, variants interleaved; load average {_load(k['load1'])}"
+        + (
+            "; freed memory kept for reuse as in a training worker (`keep_freed_memory`)."
+            if k.get("keep_freed_memory")
+            else "."
+        ),
         "",
         *table(["batches", "seconds", "real Ktok/s", "speed vs padded"], rows),
     ]
