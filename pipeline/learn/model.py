@@ -12,7 +12,7 @@ outputs are finite and never reach the loss (their labels are IGNORE_INDEX).
 
 Packed rows (several documents per row, `attention_mask` holding document numbers) attend within
 each document instead (pipeline.learn.packed_attention: flash varlen on CUDA; elsewhere causal
-SDPA over the documents gathered into a few length groups, no [T, T] mask); positions restart
+SDPA over the documents gathered into length groups, no [T, T] mask); positions restart
 per document, so each document computes what it would alone.
 """
 

@@ -100,6 +100,11 @@ class LengthGroups(NamedTuple):
     place: torch.Tensor  # [B * T] int64: the slot holding each token's own output
     own: torch.Tensor  # [P] int64: the token whose own slot this is, B * T for a filler slot
 
+    @property
+    def sizes(self) -> list[int]:
+        """Slots per group (n * L), to split a slot buffer into its groups."""
+        return [n * L for n, L in self.shapes]
+
 
 # The grouped path's cost of one SDPA call over n documents padded to L, forward and backward, in
 # units of one causal query-key pair (L * L / 2 of them per document): COST_PER_SLOT per slot,
@@ -149,31 +154,30 @@ def length_groups(doc: torch.Tensor) -> LengthGroups:
     first = _document_starts(doc).cpu().numpy()
     length = np.diff(first, append=N)
     order = np.argsort(length, kind="stable")
-    lengths, counts = np.unique(length[order], return_counts=True)
-    ends = _group_bounds(lengths, counts)
-    # Per group: its documents (a run of `order`) and their padded length.
-    doc_end = np.cumsum(counts)[np.asarray(ends) - 1]
-    doc_start = np.concatenate([[0], doc_end[:-1]])
-    top = lengths[np.asarray(ends) - 1]
-    shapes = [(int(e - s), int(L)) for s, e, L in zip(doc_start, doc_end, top, strict=True)]
-    padded = np.repeat(top, doc_end - doc_start)  # per document, in `order`
+    sorted_first, sorted_length = first[order], length[order]
+    lengths, counts = np.unique(sorted_length, return_counts=True)
+    last = np.asarray(_group_bounds(lengths, counts)) - 1  # each group's longest distinct length
+    # Per group: how many documents (a run of `order`) and the length they are padded to.
+    doc_end = np.cumsum(counts)[last]
+    n_docs, top = np.diff(doc_end, prepend=0), lengths[last]
+    shapes = [(int(n), int(L)) for n, L in zip(n_docs, top, strict=True)]
+    padded = np.repeat(top, n_docs)  # per document, in `order`
     slot0 = np.concatenate([[0], np.cumsum(padded)[:-1]])
     P = int(padded.sum())
     # Slot s belongs to document d (in `order`) at step pos = s - slot0[d].
     d = np.repeat(np.arange(order.size), padded)
     pos = np.arange(P) - slot0[d]
-    src = first[order][d] + pos
-    valid = pos < length[order][d]
+    src = sorted_first[d] + pos
+    valid = pos < sorted_length[d]
     gather = np.minimum(src, N - 1)
     own = np.where(valid, src, N)
     place = np.empty(N, dtype=np.int64)
     place[src[valid]] = np.flatnonzero(valid)  # every token is in exactly one document
-    dev = doc.device
-    return LengthGroups(
-        *(torch.from_numpy(a).to(dev) for a in (gather,)),
-        shapes,
-        *(torch.from_numpy(a).to(dev) for a in (place, own)),
-    )
+
+    def to_device(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(a).to(doc.device)
+
+    return LengthGroups(to_device(gather), shapes, to_device(place), to_device(own))
 
 
 class Documents:
@@ -246,19 +250,18 @@ class _GroupedFlashCPU(torch.autograd.Function):
     each group's gradients are copied once into one buffer and gathered back to the tokens."""
 
     @staticmethod
-    def forward(ctx, qkv, groups, dropout_p):
-        N, _, H, D = qkv.shape
+    def forward(ctx, qkv, groups):
+        _, _, H, D = qkv.shape
         slots = qkv.index_select(0, groups.gather)
         outs, lses = [], []
-        sizes = [n * L for n, L in groups.shapes]
-        for part, (n, L) in zip(slots.split(sizes), groups.shapes, strict=True):
-            out, lse = _FLASH_CPU(*_heads_first(part, n, L), dropout_p, True)
+        for part, (n, L) in zip(slots.split(groups.sizes), groups.shapes, strict=True):
+            out, lse = _FLASH_CPU(*_heads_first(part, n, L), 0.0, True)
             outs.append(out)
             lses.append(lse)
         # The kernel's output [n, H, L, D] is a transposed view of a contiguous [n, L, H, D].
         out_slots = torch.cat([o.transpose(1, 2).reshape(-1, H, D) for o in outs])
         ctx.save_for_backward(slots, out_slots, *lses)
-        ctx.groups, ctx.dropout_p = groups, dropout_p
+        ctx.groups = groups
         return out_slots.index_select(0, groups.place)
 
     @staticmethod
@@ -269,7 +272,7 @@ class _GroupedFlashCPU(torch.autograd.Function):
         # A filler slot's output is never read back: its gradient is zero.
         g = torch.cat([grad.contiguous(), grad.new_zeros((1, H, D))]).index_select(0, groups.own)
         dslots = torch.empty_like(slots)
-        sizes = [n * L for n, L in groups.shapes]
+        sizes = groups.sizes
         parts = zip(
             slots.split(sizes),
             out_slots.split(sizes),
@@ -281,12 +284,12 @@ class _GroupedFlashCPU(torch.autograd.Function):
         for (part, out, gp, dp, lse), (n, L) in zip(parts, groups.shapes, strict=True):
             q, k, v = _heads_first(part, n, L)
             heads = [x.view(n, L, H, D).transpose(1, 2) for x in (out, gp)]
-            dq, dk, dv = _FLASH_CPU_BACKWARD(heads[1], q, k, v, heads[0], lse, ctx.dropout_p, True)
+            dq, dk, dv = _FLASH_CPU_BACKWARD(heads[1], q, k, v, heads[0], lse, 0.0, True)
             for dst, src in zip(_heads_first(dp, n, L), (dq, dk, dv), strict=True):
                 dst.copy_(src)
         # A filler slot's gradient is zero too (module docstring), so gathering each token's own
         # slot is the whole gradient.
-        return dslots.index_select(0, groups.place), None, None
+        return dslots.index_select(0, groups.place), None
 
 
 def _flash_cpu_usable(qkv: torch.Tensor, dropout_p: float) -> bool:
@@ -300,11 +303,10 @@ def _grouped_qkv(qkv: torch.Tensor, docs: Documents, dropout_p: float) -> torch.
     B, T, _, H, D = qkv.shape
     groups = docs.groups
     if _flash_cpu_usable(qkv, dropout_p):
-        return _GroupedFlashCPU.apply(qkv.reshape(B * T, 3, H, D), groups, 0.0).view(B, T, H, D)
+        return _GroupedFlashCPU.apply(qkv.reshape(B * T, 3, H, D), groups).view(B, T, H, D)
     slots = _Take.apply(qkv.reshape(B * T, 3, H, D), groups.gather, groups.place, False)
     outs = []
-    sizes = [n * L for n, L in groups.shapes]
-    for part, (n, L) in zip(slots.split(sizes), groups.shapes, strict=True):
+    for part, (n, L) in zip(slots.split(groups.sizes), groups.shapes, strict=True):
         # [n * L, 3, H, D] -> 3 x [n, H, L, D]. The filler after each document is never attended
         # to by its real queries (causal), and the filler's own outputs are never read back.
         q, k, v = _heads_first(part, n, L)
@@ -324,8 +326,8 @@ def grouped_document_attention(
     """Causal attention within documents without a [T, T] mask (module docstring): one causal
     SDPA call per length group. q, k, v: [B, H, T, D]; doc: [B, T]. Returns [B, H, T, D].
 
-    One gather into the slots for q, k and v together and one back for all groups: gathers both
-    ways in the backward pass too (`_Take`), no zero-fill and scatter-add per group."""
+    One gather into the slots for q, k and v together and one back for all groups, in the
+    backward pass too: one autograd node on CPU (`_GroupedFlashCPU`), `_Take` elsewhere."""
     return _grouped_qkv(_fused(q, k, v), _documents(doc), dropout_p).transpose(1, 2)
 
 
