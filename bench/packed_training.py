@@ -17,7 +17,13 @@ Four measurements, all in one process on one machine, so their ratios compare li
    documents, single-threaded, padded (sorted batches, each padded to its longest) against
    packed rows with the grouped per-document attention and with the block-mask reference, the
    allocator set as in a training worker (`pipeline.data.rechunk.keep_freed_memory`).
-3. The on-paper table and the time to pack an epoch of the 902K preset (`bench.packing`).
+3. The training plans' compute (`measure_plan_kernel`): forward + backward + the training loss,
+   single-threaded, on the very micro-batches the training runs feed rank 0 (epoch 0 of each
+   variant's plan over the same corpus, every second one), the variants taking turns micro-batch
+   by micro-batch. It isolates what the batching changes, compute per real token, and its
+   fine interleaving makes it precise where whole training runs on a shared machine spread by
+   +-10% between rounds.
+4. The on-paper table and the time to pack an epoch of the 902K preset (`bench.packing`).
 
     python -m bench.packed_training --out out/bench-packed [--num-samples 2000]
 """
@@ -56,9 +62,12 @@ __all__ = [
     "load1",
     "measure_packed_rows",
     "measure_packed_training",
+    "measure_plan_compute",
+    "measure_plan_kernel",
     "measure_step_kernel",
     "run_figures",
     "section_packed_rows",
+    "shared_overrides",
     "step_medians",
     "variant_overrides",
 ]
@@ -138,6 +147,16 @@ def aggregate_variant(runs: list[dict], sorted_runs: list[dict]) -> dict:
     }
 
 
+def shared_overrides(work: Path, num_samples: int) -> list[str]:
+    """What every variant of the same-run training shares: the corpus, its index, the runs."""
+    return [
+        f"data.synthetic.num_samples={num_samples}",
+        f"data.synthetic.out_dir={work / f'pystdlib-{num_samples}'}",
+        f"data.cache_dir={work / 'index'}",
+        *run_overrides(work),
+    ]
+
+
 def _train(run, config: str, overrides: list[str], work: Path, name: str) -> dict:
     mfile = work / "metrics" / f"{name}.jsonl"
     cfg = load_config(
@@ -176,12 +195,7 @@ def measure_packed_training(
     max_length = base.data.max_length
     budget = base.batching.token_budget
     row_tokens = row_tokens or ROW_LENGTHS * max_length
-    shared = [
-        f"data.synthetic.num_samples={num_samples}",
-        f"data.synthetic.out_dir={work / f'pystdlib-{num_samples}'}",
-        f"data.cache_dir={work / 'index'}",
-        *run_overrides(work),
-    ]
+    shared = shared_overrides(work, num_samples)
     per = {
         v: variant_overrides(v, max_length=max_length, token_budget=budget, row_tokens=row_tokens)
         for v in variants
@@ -348,6 +362,183 @@ def measure_step_kernel(
     }
 
 
+def _plan_micro_batches(cfg, lengths, sample_ids, *, rank: int, every: int, rng) -> dict:
+    """Every `every`-th non-empty micro-batch of `rank` in epoch 0 of `cfg`'s plan over these
+    lengths, collated as the data stream collates it (`pipeline.data.rechunk`: the same calls,
+    the bucket's upper edge or the packed rows), with random token ids of the same lengths."""
+    import types
+
+    import torch
+
+    from pipeline.core.collate import collate
+    from pipeline.core.epochs import epoch_plan_for, resolve_edges
+    from pipeline.core.packed_collate import collate_packed
+    from pipeline.data.rechunk import TENSOR_KEYS
+
+    edges = resolve_edges(cfg, lengths)
+    index = types.SimpleNamespace(lengths=lengths, sample_ids=sample_ids)
+    plan = epoch_plan_for(cfg, index, edges, 0, cfg.scaling.num_workers)
+    view = plan.rank_view(rank)
+    o = view.offsets
+    nonempty = np.flatnonzero(np.diff(o) > 0)
+    batches, reals, slots = [], [], 0
+    for m in nonempty[::every]:
+        a, b = int(o[m]), int(o[m + 1])
+        lens = view.lengths[a:b].astype(np.int64)
+        vals = rng.integers(3, cfg.model.vocab_size, int(lens.sum())).astype(np.int32)
+        doc = np.concatenate([[0], np.cumsum(lens)])
+        if view.row_offsets is not None:
+            r0, r1 = int(view.micro_rows[m]), int(view.micro_rows[m + 1])
+            rows = view.row_offsets[r0 : r1 + 1] - a
+            out = collate_packed(vals, doc, rows, row_tokens=view.row_tokens)
+        else:
+            upper = int(edges[int(view.buckets[m]) + 1])
+            out = collate(
+                vals, doc, upper=upper, pad_to_multiple_of=cfg.batching.pad_to_multiple_of
+            )
+        batches.append({k: torch.from_numpy(np.ascontiguousarray(out[k])) for k in TENSOR_KEYS})
+        reals.append(int(lens.sum()))
+        slots += int(out["input_ids"].size)
+    return {
+        "batches": batches,
+        "real": reals,
+        "steps": plan.num_steps,
+        "micro_batches": len(batches),
+        "real_tokens": sum(reals),
+        "slots": slots,
+        "num_buckets": len(edges) - 1,
+    }
+
+
+def measure_plan_kernel(
+    lengths: np.ndarray,
+    sample_ids: np.ndarray,
+    configs: dict,
+    *,
+    every: int = 4,
+    blocks: int = 4,
+    rank: int = 0,
+    seed: int = 0,
+) -> dict:
+    """Forward + backward + the training loss of one model, single-threaded, on the micro-batches
+    the training runs feed rank `rank` in epoch 0 of each config's plan (`configs`: variant ->
+    RunConfig) over the same corpus lengths: every `every`-th micro-batch, so a sorted epoch's
+    short and long steps are both in. The variants take turns micro-batch by micro-batch, so a
+    slow phase of a shared machine falls on every variant alike. The spread: `blocks` strided
+    subsets (block b of a variant: its micro-batches b, b + blocks, ...) each give their own
+    ratio to sorted-static.
+    This is the compute the batching changes, without Ray, the other rank, the optimizer or
+    the data stream: a precise ratio where a whole training run's is noisy."""
+    import torch
+
+    from pipeline.data.rechunk import keep_freed_memory
+    from pipeline.learn.loss import token_sums
+
+    rng = np.random.default_rng(seed)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    made = {
+        v: _plan_micro_batches(c, lengths, sample_ids, rank=rank, every=every, rng=rng)
+        for v, c in configs.items()
+    }
+    first = next(iter(configs.values()))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    reused = keep_freed_memory()  # as in a training worker, whose data stream sets it
+    model = _tiny_model(first.model, first.data.max_length)
+
+    def train_on(batches) -> float:
+        t = time.perf_counter()
+        for b in batches:
+            logits = model(b["input_ids"], b["attention_mask"], b["position_ids"])
+            loss, _ = token_sums(logits, b["labels"])
+            loss.backward()
+            model.zero_grad(set_to_none=True)
+        return time.perf_counter() - t
+
+    names = list(made)
+    # Each micro-batch timed on its own, the variants' micro-batches interleaved in proportion
+    # (each advances through its epoch at the same pace), so a slow second of a shared machine
+    # falls on every variant alike.
+    turns = sorted(
+        ((i + 0.5) / len(made[v]["batches"]), k, v, i)
+        for k, v in enumerate(names)
+        for i in range(len(made[v]["batches"]))
+    )
+    secs = {v: np.zeros(len(made[v]["batches"])) for v in names}
+    before = load1()
+    try:
+        for v in names:  # warm-up: one micro-batch each
+            train_on(made[v]["batches"][:1])
+        for _, _, v, i in turns:
+            secs[v][i] = train_on(made[v]["batches"][i : i + 1])
+    finally:
+        torch.set_num_threads(threads)
+    secs = {v: [float(x[b::blocks].sum()) for b in range(blocks)] for v, x in secs.items()}
+    toks = {v: [sum(made[v]["real"][b::blocks]) for b in range(blocks)] for v in names}
+    ref = "sorted" if "sorted" in names else names[0]
+    out = {}
+
+    def rates(v):
+        return [t / s if s > 0 else float("nan") for t, s in zip(toks[v], secs[v], strict=True)]
+
+    for v in names:
+        ratios = [a / r for a, r in zip(rates(v), rates(ref), strict=True)]
+        m = made[v]
+        out[v] = {
+            **{k: m[k] for k in ("steps", "micro_batches", "real_tokens", "slots", "num_buckets")},
+            "token_efficiency": m["real_tokens"] / max(m["slots"], 1),
+            "seconds": sum(secs[v]),
+            "real_tokens_per_s": m["real_tokens"] / max(sum(secs[v]), 1e-9),
+            "vs_sorted_blocks": [x for x in ratios if np.isfinite(x)],
+        }
+    for v in names:
+        out[v]["vs_sorted"] = out[v]["real_tokens_per_s"] / out[ref]["real_tokens_per_s"]
+    return {
+        "samples": int(lengths.size),
+        "rank": rank,
+        "world_size": first.scaling.num_workers,
+        "every": every,
+        "blocks": blocks,
+        "variants": out,
+        "load1": [before, load1()],
+        "keep_freed_memory": reused,
+    }
+
+
+def measure_plan_compute(
+    work_dir: str | Path,
+    *,
+    num_samples: int = 6000,
+    config: str = DEMO_CONFIG,
+    every: int = 2,
+    variants=VARIANTS,
+) -> dict:
+    """`measure_plan_kernel` on the same-run training's corpus and variants (its index must
+    exist: run after `measure_packed_training` on the same `work_dir`)."""
+    from pipeline.data.driver import find_run_data
+
+    work = Path(work_dir).absolute()
+    base = load_config(config)
+    T, budget = base.data.max_length, base.batching.token_budget
+    shared = shared_overrides(work, num_samples)
+    configs = {
+        v: load_config(
+            config,
+            [
+                *shared,
+                *variant_overrides(
+                    v, max_length=T, token_budget=budget, row_tokens=ROW_LENGTHS * T
+                ),
+            ],
+        )
+        for v in variants
+    }
+    index = find_run_data(configs[variants[0]]).index
+    return {"config": config} | measure_plan_kernel(
+        index.lengths, index.sample_ids, configs, every=every
+    )
+
+
 def measure_packed_rows(
     work_dir: str | Path,
     *,
@@ -355,6 +546,7 @@ def measure_packed_rows(
     repeats: int = 1,
     preset_samples: int | None = None,
     kernel_tokens: int = 16384,
+    plan_every: int = 2,
     config: str = DEMO_CONFIG,
     log=print,
 ) -> dict:
@@ -378,6 +570,15 @@ def measure_packed_rows(
     out["training"] = measure_packed_training(
         work_dir, num_samples=num_samples, repeats=repeats, config=config, log=log
     )
+    log("packed rows: the training plans' compute, variants interleaved")
+    out["plan_kernel"] = measure_plan_compute(
+        work_dir, num_samples=num_samples, config=config, every=plan_every
+    )
+    pk = out["plan_kernel"]["variants"]
+    log(
+        "packed rows: training plans' compute, packed / sorted-static "
+        f"{pk['packed']['vs_sorted']:.3f}x"
+    )
     out["load_after"] = load1()
     return out
 
@@ -390,6 +591,7 @@ def section_packed_rows(opts, log=print) -> dict:
         repeats=opts.packed_repeats,
         preset_samples=opts.samples,
         kernel_tokens=4096 if opts.quick else 16384,
+        plan_every=8 if opts.quick else 2,
         log=log,
     )
 

@@ -40,6 +40,8 @@ def section_packed(r: dict) -> list[str]:
         "",
     ]
     out += _training(p["training"])
+    if "plan_kernel" in p:
+        out += _plan_kernel(p["plan_kernel"])
     out += _kernel(p["kernel"])
     out += _paper(p["paper"])
     return out
@@ -103,6 +105,60 @@ def _training(t: dict) -> list[str]:
             "",
         ]
     return out
+
+
+def _plan_kernel(k: dict) -> list[str]:
+    v = k["variants"]
+    rows = [
+        [
+            _LABELS.get(n, n),
+            str(x["micro_batches"]),
+            f"{x['real_tokens']:,}",
+            f"{x['token_efficiency']:.3f}",
+            f"{x['seconds']:.1f}",
+            f"{x['real_tokens_per_s'] / 1e3:.2f}",
+            f"{x['vs_sorted']:.3f}",
+            f"{min(x['vs_sorted_blocks']):.2f}-{max(x['vs_sorted_blocks']):.2f}",
+        ]
+        for n, x in v.items()
+    ]
+    out = [
+        "### The training plans' compute",
+        "",
+        f"Forward + backward + the training loss of the same model, one thread, on the "
+        f"micro-batches the runs above feed rank {k['rank']} of {k['world_size']} in epoch 0 "
+        f"(each variant's own plan over the same {k['samples']:,} samples, {_every(k['every'])}, "
+        "token ids drawn at random: compute does not depend on them), the variants taking turns micro-batch by micro-batch, so a slow phase of the "
+        f"machine falls on all of them; load average {_load(k['load1'])}. Each variant's "
+        f"micro-batches split into {k['blocks']} strided subsets give the range of the ratio.",
+        "",
+        *table(
+            [
+                "batches",
+                "micro-batches",
+                "real tokens",
+                "token efficiency",
+                "seconds",
+                "real Ktok/s",
+                "vs sorted-static",
+                "subsets",
+            ],
+            rows,
+        ),
+    ]
+    if "packed" in v:
+        out += [
+            f"Per real token, packed rows computed at {v['packed']['vs_sorted']:.3f}x "
+            "sorted-static's rate on the same corpus.",
+            "",
+        ]
+    return out
+
+
+def _every(n: int) -> str:
+    return (
+        "every micro-batch" if n == 1 else f"every {'second' if n == 2 else f'{n}th'} micro-batch"
+    )
 
 
 def _kernel(k: dict) -> list[str]:

@@ -3,18 +3,23 @@ metric lines and measurements, and the section renders them with how and where t
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from bench.packed_training import (
     DEMO_CONFIG,
+    ROW_LENGTHS,
     VARIANTS,
+    _plan_micro_batches,
     aggregate_variant,
+    measure_plan_kernel,
     measure_step_kernel,
     run_figures,
     variant_overrides,
 )
 from bench.packing import packing_table
 from bench.render_packed import section_packed
+from bench.training import scaled_lengths
 from pipeline.core.config import load_config
 from pipeline.core.synthetic import seed902k_lengths
 
@@ -71,11 +76,69 @@ def test_throughput_is_the_median_over_steps_after_warmup_and_the_ratio_is_per_r
     assert agg["diff_var_raw"] < aggregate_variant([sorted_], [sorted_])["diff_var_raw"]
 
 
+def _variant_configs(row_tokens: int):
+    base = load_config(DEMO_CONFIG)
+    T, budget = base.data.max_length, base.batching.token_budget
+    return {
+        v: load_config(
+            DEMO_CONFIG,
+            variant_overrides(v, max_length=T, token_budget=budget, row_tokens=row_tokens),
+        )
+        for v in VARIANTS
+    }
+
+
+def test_plan_micro_batches_are_the_ranks_micro_batches_of_each_variants_plan():
+    from pipeline.core.epochs import epoch_plan_for, resolve_edges
+
+    lengths = scaled_lengths(1500, 512, seed=3).astype(np.int64)
+    ids = np.arange(lengths.size, dtype=np.int64) * 7  # ids need not be positions
+    for v, cfg in _variant_configs(ROW_LENGTHS * 512).items():
+        index = type("I", (), {"lengths": lengths, "sample_ids": ids})
+        plan = epoch_plan_for(cfg, index, resolve_edges(cfg, lengths), 0, 2)
+        view = plan.rank_view(1)
+        sizes = np.diff(view.offsets)
+        picked = np.flatnonzero(sizes > 0)[::3]
+        m = _plan_micro_batches(cfg, lengths, ids, rank=1, every=3, rng=np.random.default_rng(0))
+        assert m["steps"] == plan.num_steps and m["micro_batches"] == picked.size > 0
+        want = [int(view.lengths[view.offsets[i] : view.offsets[i + 1]].sum()) for i in picked]
+        assert m["real"] == want
+        longest = [int(view.lengths[view.offsets[i] : view.offsets[i + 1]].max()) for i in picked]
+        for b, real, top in zip(m["batches"], want, longest, strict=True):
+            # Every real token is an input position; padding and filler are pad ids.
+            assert int((b["input_ids"] != 0).sum()) == real
+            width = b["input_ids"].shape[1]
+            if v == "packed":
+                assert width == ROW_LENGTHS * 512
+            else:  # padded to the longest, rounded up (at most to the bucket's edge)
+                assert top <= width < top + cfg.batching.pad_to_multiple_of
+        assert m["slots"] == sum(int(b["input_ids"].numel()) for b in m["batches"])
+
+
+def test_plan_kernel_times_every_variant_against_sorted_static():
+    lengths = scaled_lengths(400, 512, seed=1).astype(np.int64)
+    configs = _variant_configs(ROW_LENGTHS * 512)
+    k = measure_plan_kernel(lengths, np.arange(lengths.size), configs, every=1, blocks=2)
+    v = k["variants"]
+    assert set(v) == set(VARIANTS) and k["world_size"] == 2 and k["rank"] == 0
+    assert v["sorted"]["vs_sorted"] == 1.0 and v["sorted"]["vs_sorted_blocks"] == [1.0, 1.0]
+    for x in v.values():
+        assert x["seconds"] > 0 and 0 < x["token_efficiency"] <= 1
+        assert x["real_tokens_per_s"] == pytest.approx(x["real_tokens"] / x["seconds"])
+        assert x["vs_sorted"] == pytest.approx(
+            x["real_tokens_per_s"] / v["sorted"]["real_tokens_per_s"]
+        )
+    assert v["packed"]["slots"] % (ROW_LENGTHS * 512) == 0
+
+
 def test_the_packed_rows_section_renders_the_measured_figures():
     kernel = measure_step_kernel(tokens=600, repeats=1)
     assert set(kernel["seconds"]) == {"padded", "packed", "packed_block_mask"}
     assert kernel["packed_slots"] < kernel["padded_slots"] + kernel["row_tokens"]
     paper = packing_table(seed902k_lengths(3000), pairs=20_000, balance_rows=64)
+    lengths = scaled_lengths(600, 512).astype(np.int64)
+    configs = _variant_configs(ROW_LENGTHS * 512)
+    plan_kernel = measure_plan_kernel(lengths, np.arange(lengths.size), configs, every=8)
     runs = {
         "packed": _run([1, 1, 330, 331, 332], [5, 4, 3, 2.9, 2.8]),
         "sorted": _run([1, 1, 300, 300, 300], [5, 4, 3, 2.5, 3.1]),
@@ -104,6 +167,7 @@ def test_the_packed_rows_section_renders_the_measured_figures():
             "paper": paper,
             "kernel": kernel,
             "training": training,
+            "plan_kernel": plan_kernel,
         },
     }
     text = "\n".join(section_packed(results))
@@ -112,6 +176,10 @@ def test_the_packed_rows_section_renders_the_measured_figures():
     assert f"| {331 / 300:.3f} |" in text and "ahead on CPU here: packed rows" in text
     assert "(goal >= 1.00x: met)" in text
     assert f"{kernel['seconds']['packed']:.3f}" in text
+    pk = plan_kernel["variants"]["packed"]
+    assert "### The training plans' compute" in text and "every 8th micro-batch" in text
+    assert f"computed at {pk['vs_sorted']:.3f}x" in text
+    assert f"| {pk['micro_batches']} | {pk['real_tokens']:,} |" in text
     assert f"{paper['pack_epoch_s']:.2f} s" in text and "3,000 samples" in text
     assert "token efficiency (8)" in text
     assert section_packed({"meta": results["meta"]}) == [
