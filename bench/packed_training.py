@@ -364,16 +364,14 @@ def measure_step_kernel(
 
 def _plan_micro_batches(cfg, lengths, sample_ids, *, rank: int, every: int, rng) -> dict:
     """Every `every`-th non-empty micro-batch of `rank` in epoch 0 of `cfg`'s plan over these
-    lengths, collated as the data stream collates it (`pipeline.data.rechunk`: the same calls,
-    the bucket's upper edge or the packed rows), with random token ids of the same lengths."""
+    lengths, collated as the data stream collates it (`pipeline.data.rechunk.collate_micro_batch`),
+    with random token ids of the same lengths."""
     import types
 
     import torch
 
-    from pipeline.core.collate import collate
     from pipeline.core.epochs import epoch_plan_for, resolve_edges
-    from pipeline.core.packed_collate import collate_packed
-    from pipeline.data.rechunk import TENSOR_KEYS
+    from pipeline.data.rechunk import TENSOR_KEYS, collate_micro_batch
 
     edges = resolve_edges(cfg, lengths)
     index = types.SimpleNamespace(lengths=lengths, sample_ids=sample_ids)
@@ -386,17 +384,10 @@ def _plan_micro_batches(cfg, lengths, sample_ids, *, rank: int, every: int, rng)
         a, b = int(o[m]), int(o[m + 1])
         lens = view.lengths[a:b].astype(np.int64)
         vals = rng.integers(3, cfg.model.vocab_size, int(lens.sum())).astype(np.int32)
-        doc = np.concatenate([[0], np.cumsum(lens)])
-        if view.row_offsets is not None:
-            r0, r1 = int(view.micro_rows[m]), int(view.micro_rows[m + 1])
-            rows = view.row_offsets[r0 : r1 + 1] - a
-            out = collate_packed(vals, doc, rows, row_tokens=view.row_tokens)
-        else:
-            upper = int(edges[int(view.buckets[m]) + 1])
-            out = collate(
-                vals, doc, upper=upper, pad_to_multiple_of=cfg.batching.pad_to_multiple_of
-            )
-        batches.append({k: torch.from_numpy(np.ascontiguousarray(out[k])) for k in TENSOR_KEYS})
+        out = collate_micro_batch(
+            view, m, vals, lens, edges=edges, pad_to_multiple_of=cfg.batching.pad_to_multiple_of
+        )
+        batches.append({k: torch.from_numpy(out[k]) for k in TENSOR_KEYS})
         reals.append(int(lens.sum()))
         slots += int(out["input_ids"].size)
     return {
@@ -505,36 +496,18 @@ def measure_plan_kernel(
     }
 
 
-def measure_plan_compute(
-    work_dir: str | Path,
-    *,
-    num_samples: int = 6000,
-    config: str = DEMO_CONFIG,
-    every: int = 2,
-    variants=VARIANTS,
-) -> dict:
-    """`measure_plan_kernel` on the same-run training's corpus and variants (its index must
-    exist: run after `measure_packed_training` on the same `work_dir`)."""
+def measure_plan_compute(work_dir: str | Path, training: dict, *, every: int = 2) -> dict:
+    """`measure_plan_kernel` on the corpus and the variants (their `overrides`) of a
+    `measure_packed_training` result on the same `work_dir`, whose index it reads."""
     from pipeline.data.driver import find_run_data
 
-    work = Path(work_dir).absolute()
-    base = load_config(config)
-    T, budget = base.data.max_length, base.batching.token_budget
-    shared = shared_overrides(work, num_samples)
+    shared = shared_overrides(Path(work_dir).absolute(), training["num_samples"])
     configs = {
-        v: load_config(
-            config,
-            [
-                *shared,
-                *variant_overrides(
-                    v, max_length=T, token_budget=budget, row_tokens=ROW_LENGTHS * T
-                ),
-            ],
-        )
-        for v in variants
+        v: load_config(training["config"], [*shared, *per])
+        for v, per in training["overrides"].items()
     }
-    index = find_run_data(configs[variants[0]]).index
-    return {"config": config} | measure_plan_kernel(
+    index = find_run_data(next(iter(configs.values()))).index
+    return {"config": training["config"]} | measure_plan_kernel(
         index.lengths, index.sample_ids, configs, every=every
     )
 
@@ -571,9 +544,7 @@ def measure_packed_rows(
         work_dir, num_samples=num_samples, repeats=repeats, config=config, log=log
     )
     log("packed rows: the training plans' compute, variants interleaved")
-    out["plan_kernel"] = measure_plan_compute(
-        work_dir, num_samples=num_samples, config=config, every=plan_every
-    )
+    out["plan_kernel"] = measure_plan_compute(work_dir, out["training"], every=plan_every)
     pk = out["plan_kernel"]["variants"]
     log(
         "packed rows: training plans' compute, packed / sorted-static "

@@ -134,8 +134,9 @@ def _plan_kernel(k: dict) -> list[str]:
         f"Forward + backward + the training loss of the same model, one thread, on the "
         f"micro-batches the runs above feed rank {k['rank']} of {k['world_size']} in epoch 0 "
         f"(each variant's own plan over the same {k['samples']:,} samples, {_every(k['every'])}, "
-        "token ids drawn at random: compute does not depend on them), the variants taking turns micro-batch by micro-batch, so a slow phase of the "
-        f"machine falls on all of them; load average {_load(k['load1'])}. Each variant's "
+        "token ids drawn at random: compute does not depend on them), the variants taking "
+        "turns micro-batch by micro-batch, so a slow phase of the machine falls on all of them; "
+        f"load average {_load(k['load1'])}. Each variant's "
         f"micro-batches split into {k['blocks']} strided subsets give the range of the ratio.",
         "",
         *table(

@@ -30,7 +30,7 @@ from pipeline.data.listcolumn import values_offsets
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["MicroBatch", "deliver", "keep_freed_memory", "TENSOR_KEYS"]
+__all__ = ["MicroBatch", "collate_micro_batch", "deliver", "keep_freed_memory", "TENSOR_KEYS"]
 
 # glibc mallopt parameters (malloc.h) and the values keep_freed_memory sets.
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
@@ -206,30 +206,17 @@ def deliver(
         else:  # a micro-batch spanning blocks: copy just its rows together
             ids, vals, lens = (np.concatenate([p[k] for p in pieces]) for k in range(3))
             sup = None if pieces[0][3] is None else np.concatenate([p[3] for p in pieces])
-        sup_kw = dict(
+        out = collate_micro_batch(
+            view,
+            m,
+            vals,
+            lens,
+            edges=edges,
+            pad_id=pad_id,
+            pad_to_multiple_of=pad_to_multiple_of,
             loss_mask=sup if supervision == "loss_mask" else None,
             labels=sup if supervision == "labels" else None,
         )
-        doc_offsets = np.concatenate([[0], np.cumsum(lens)])
-        if view.row_offsets is not None:  # packed: whole rows of documents
-            r0, r1 = int(view.micro_rows[m]), int(view.micro_rows[m + 1])
-            out = collate_packed(
-                vals,
-                doc_offsets,
-                view.row_offsets[r0 : r1 + 1] - a,
-                row_tokens=view.row_tokens,
-                pad_id=pad_id,
-                **sup_kw,
-            )
-        else:
-            out = collate(
-                vals,
-                doc_offsets,
-                upper=int(edges[bucket + 1]),
-                pad_to_multiple_of=pad_to_multiple_of,
-                pad_id=pad_id,
-                **sup_kw,
-            )
         t = {k: torch.from_numpy(out[k]) for k in TENSOR_KEYS}
         if pin:
             t = {k: v.pin_memory() for k, v in t.items()}
@@ -244,6 +231,44 @@ def deliver(
             num_padded_tokens=int(B * L),
         )
     cursor.finish()
+
+
+def collate_micro_batch(
+    view: RankView,
+    m: int,
+    vals: np.ndarray,
+    lens: np.ndarray,
+    *,
+    edges,
+    pad_id: int = 0,
+    pad_to_multiple_of: int = 8,
+    loss_mask: np.ndarray | None = None,
+    labels: np.ndarray | None = None,
+) -> dict[str, np.ndarray]:
+    """Micro-batch `m` of `view`, whose samples' tokens are `vals` (lengths `lens`), as [B, L]
+    arrays: packed plans' rows of whole documents, or padded to the longest (at most the
+    bucket's upper edge of `edges`)."""
+    doc_offsets = np.concatenate([[0], np.cumsum(lens)])
+    if view.row_offsets is not None:  # packed: whole rows of documents
+        r0, r1 = int(view.micro_rows[m]), int(view.micro_rows[m + 1])
+        return collate_packed(
+            vals,
+            doc_offsets,
+            view.row_offsets[r0 : r1 + 1] - int(view.offsets[m]),
+            row_tokens=view.row_tokens,
+            pad_id=pad_id,
+            loss_mask=loss_mask,
+            labels=labels,
+        )
+    return collate(
+        vals,
+        doc_offsets,
+        upper=int(edges[int(view.buckets[m]) + 1]),
+        pad_to_multiple_of=pad_to_multiple_of,
+        pad_id=pad_id,
+        loss_mask=loss_mask,
+        labels=labels,
+    )
 
 
 def _check_rows(view: RankView, rows: _Rows, lo: int, epoch: int) -> None:
