@@ -37,6 +37,7 @@ import statistics
 import sys
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -241,6 +242,24 @@ def _tiny_model(model_cfg, max_length: int):
     return build_model(model_cfg, max_length)
 
 
+@contextmanager
+def _one_thread_model(model_cfg, max_length: int):
+    """(the model, whether freed memory is kept) for timing compute as a training worker runs
+    it: one torch thread, freed memory kept for reuse (`keep_freed_memory`, which a worker's data
+    stream sets); the thread count is restored after."""
+    import torch
+
+    from pipeline.data.rechunk import keep_freed_memory
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        reused = keep_freed_memory()
+        yield _tiny_model(model_cfg, max_length), reused
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _collate(values, offsets, samples, per_row, T, multiple=1):
     """The samples (indices into offsets), packed into rows of `per_row` samples each, or (None)
     one padded row per sample."""
@@ -269,7 +288,6 @@ def measure_step_kernel(
 
     import pipeline.learn.model as model_module
     from pipeline.core.packing import best_fit_rows
-    from pipeline.data.rechunk import keep_freed_memory
     from pipeline.learn import packed_attention as pa
 
     cfg = load_config(config)
@@ -307,10 +325,6 @@ def measure_step_kernel(
         return {k: torch.as_tensor(v) for k, v in b.items() if np.ndim(v) == 2}
 
     packed_t, padded_t = [tensors(b) for b in packed], [tensors(b) for b in padded]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    reused = keep_freed_memory()  # as in a training worker, whose data stream sets it
-    model = _tiny_model(cfg.model, T)
 
     def step(batches):
         for b in batches:
@@ -329,16 +343,16 @@ def measure_step_kernel(
     }
     times: dict[str, list[float]] = {v: [] for v in variants}
     before = load1()
-    try:
-        for _ in range(repeats + 1):  # interleaved, so a slow phase hits every variant
-            for name, (fn, attention) in variants.items():
-                model_module.document_attention_qkv = attention
-                t = time.perf_counter()
-                fn()
-                times[name].append(time.perf_counter() - t)
-    finally:
-        model_module.document_attention_qkv = pa.document_attention_qkv
-        torch.set_num_threads(threads)
+    with _one_thread_model(cfg.model, T) as (model, reused):
+        try:
+            for _ in range(repeats + 1):  # interleaved, so a slow phase hits every variant
+                for name, (fn, attention) in variants.items():
+                    model_module.document_attention_qkv = attention
+                    t = time.perf_counter()
+                    fn()
+                    times[name].append(time.perf_counter() - t)
+        finally:
+            model_module.document_attention_qkv = pa.document_attention_qkv
     med = {v: statistics.median(ts[1:]) for v, ts in times.items()}
     return {
         "config": config,
@@ -420,9 +434,6 @@ def measure_plan_kernel(
     ratio to sorted-static.
     This is the compute the batching changes, without Ray, the other rank, the optimizer or
     the data stream: a precise ratio where a whole training run's is noisy."""
-    import torch
-
-    from pipeline.data.rechunk import keep_freed_memory
     from pipeline.learn.loss import token_sums
 
     rng = np.random.default_rng(seed)
@@ -432,10 +443,6 @@ def measure_plan_kernel(
         for v, c in configs.items()
     }
     first = next(iter(configs.values()))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    reused = keep_freed_memory()  # as in a training worker, whose data stream sets it
-    model = _tiny_model(first.model, first.data.max_length)
 
     def train_on(batches) -> float:
         t = time.perf_counter()
@@ -457,13 +464,11 @@ def measure_plan_kernel(
     )
     secs = {v: np.zeros(len(made[v]["batches"])) for v in names}
     before = load1()
-    try:
+    with _one_thread_model(first.model, first.data.max_length) as (model, reused):
         for v in names:  # warm-up: one micro-batch each
             train_on(made[v]["batches"][:1])
         for _, _, v, i in turns:
             secs[v][i] = train_on(made[v]["batches"][i : i + 1])
-    finally:
-        torch.set_num_threads(threads)
     secs = {v: [float(x[b::blocks].sum()) for b in range(blocks)] for v, x in secs.items()}
     toks = {v: [sum(made[v]["real"][b::blocks]) for b in range(blocks)] for v in names}
     ref = "sorted" if "sorted" in names else names[0]
