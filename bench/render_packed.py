@@ -163,9 +163,10 @@ def _plan_kernel(k: dict) -> list[str]:
 
 
 def _every(n: int) -> str:
-    return (
-        "every micro-batch" if n == 1 else f"every {'second' if n == 2 else f'{n}th'} micro-batch"
-    )
+    if n <= 2:
+        return "every micro-batch" if n == 1 else "every second micro-batch"
+    suffix = "th" if n % 100 in (11, 12, 13) else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"every {n}{suffix} micro-batch"
 
 
 def _kernel(k: dict) -> list[str]:

@@ -216,3 +216,13 @@ def test_the_goal_line_says_when_the_rounds_fall_on_both_sides_of_it():
     assert (
         "(goal >= 1.00x: met by the median, the rounds on both sides of it (0.97x-1.07x))" in text
     )
+
+
+def test_the_plan_kernel_names_its_sampling_with_english_ordinals():
+    from bench.render_packed import _every
+
+    assert _every(1) == "every micro-batch" and _every(2) == "every second micro-batch"
+    assert [_every(n) for n in (3, 8, 11, 12, 13, 21, 22, 23, 112)] == [
+        f"every {s} micro-batch"
+        for s in ("3rd", "8th", "11th", "12th", "13th", "21st", "22nd", "23rd", "112th")
+    ]
