@@ -226,3 +226,23 @@ def test_the_plan_kernel_names_its_sampling_with_english_ordinals():
         f"every {s} micro-batch"
         for s in ("3rd", "8th", "11th", "12th", "13th", "21st", "22nd", "23rd", "112th")
     ]
+
+
+def test_a_variant_is_called_ahead_only_when_it_is_the_fastest_in_every_round():
+    from bench.render_packed import _ahead
+
+    def variants(packed, auto):
+        return {
+            "packed": {"vs_sorted_all": packed},
+            "sorted": {"vs_sorted_all": [1.0] * len(packed)},
+            "auto": {"vs_sorted_all": auto},
+        }
+
+    assert _ahead(variants([1.07, 1.03, 1.02], [0.99, 0.96, 0.99])) == (
+        "ahead on CPU here: packed rows, full shuffle (the fastest in all 3 rounds)"
+    )
+    assert _ahead(variants([1.07, 1.03, 0.98], [0.99, 0.96, 0.99])) == (
+        "no variant is ahead in every round on CPU here (the fastest by round: packed rows, "
+        "full shuffle; packed rows, full shuffle; padded, sorted-static)"
+    )
+    assert _ahead(variants([0.97], [0.99])) == "ahead on CPU here: padded, sorted-static"
