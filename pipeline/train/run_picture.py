@@ -44,6 +44,24 @@ def readability(loss: np.ndarray, debiased: np.ndarray) -> float:
     return readability_ratio(loss[skip:], debiased[skip:])[2]
 
 
+def reading_of(ratio: float) -> list[str]:
+    """What the readability ratio says about this run, in lines of the text panel."""
+    if not np.isfinite(ratio):
+        return ["(too few steps, or one bucket: no", "bucket offsets to remove)"]
+    if ratio < 1:
+        return [
+            "below 1: the raw curve jumps with the",
+            "bucket mix; the debiased one is the",
+            "steadier to read",
+        ]
+    return [
+        "not below 1: in this run the debiased",
+        "curve is no steadier than the raw one",
+        "(the bucket offsets take more steps to",
+        "learn than this run had)",
+    ]
+
+
 def _bucket_curves(step: np.ndarray, bucket: np.ndarray, loss: np.ndarray, k: int):
     """(the bucket's steps, its losses smoothed over its own steps: an exponential mean with
     weight 1/2 on the newest) for bucket k; None if it has no finite step."""
@@ -149,9 +167,7 @@ def draw_history(
         "",
         "step-to-step variance, debiased / raw",
         f"(after the first quarter): {ratio:.2f}",
-        "below 1: the raw curve jumps with the",
-        "bucket mix and the debiased one is the",
-        "steadier to read",
+        *reading_of(ratio),
     ]
     if edges:
         lines += ["", "edges: " + _wrap_edges(edges)]

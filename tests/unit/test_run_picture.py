@@ -100,3 +100,12 @@ def test_plot_run_cli_draws_or_refuses_in_one_line(tmp_path, capsys):
     old = _run_dir(tmp_path / "old", None)  # a checkpoint written before runs kept a history
     assert plot_run([str(old)]) == 2
     assert HISTORY_FILE in capsys.readouterr().err
+
+
+def test_the_text_panel_reads_the_ratio_it_shows():
+    from pipeline.train.run_picture import reading_of
+
+    assert reading_of(0.4)[0].startswith("below 1: the raw curve jumps")
+    assert reading_of(1.12)[0].startswith("not below 1: in this run the debiased")
+    assert "one bucket" in " ".join(reading_of(float("nan")))
+    assert all(len(line) <= 40 for r in (0.4, 1.12, float("nan")) for line in reading_of(r))
