@@ -44,10 +44,13 @@ def readability(loss: np.ndarray, debiased: np.ndarray) -> float:
     return readability_ratio(loss[skip:], debiased[skip:])[2]
 
 
-def reading_of(ratio: float) -> list[str]:
-    """What the readability ratio says about this run, in lines of the text panel."""
+def reading_of(ratio: float, n_buckets: int) -> list[str]:
+    """What the readability ratio says about this run, in lines of the text panel. With one
+    bucket the debiased loss is the raw loss (no offset to remove), so the ratio is 1."""
+    if n_buckets < 2:
+        return ["one bucket: no bucket offsets to", "remove, the two curves are the same"]
     if not np.isfinite(ratio):
-        return ["(too few steps, or one bucket: no", "bucket offsets to remove)"]
+        return ["(too few steps to measure it)"]
     if ratio < 1:
         return [
             "below 1: the raw curve jumps with the",
@@ -167,7 +170,7 @@ def draw_history(
         "",
         "step-to-step variance, debiased / raw",
         f"(after the first quarter): {ratio:.2f}",
-        *reading_of(ratio),
+        *reading_of(ratio, n_buckets),
     ]
     if edges:
         lines += ["", "edges: " + _wrap_edges(edges)]

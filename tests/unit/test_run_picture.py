@@ -105,7 +105,10 @@ def test_plot_run_cli_draws_or_refuses_in_one_line(tmp_path, capsys):
 def test_the_text_panel_reads_the_ratio_it_shows():
     from pipeline.train.run_picture import reading_of
 
-    assert reading_of(0.4)[0].startswith("below 1: the raw curve jumps")
-    assert reading_of(1.12)[0].startswith("not below 1: in this run the debiased")
-    assert "one bucket" in " ".join(reading_of(float("nan")))
-    assert all(len(line) <= 40 for r in (0.4, 1.12, float("nan")) for line in reading_of(r))
+    assert reading_of(0.4, 8)[0].startswith("below 1: the raw curve jumps")
+    assert reading_of(1.12, 8)[0].startswith("not below 1: in this run the debiased")
+    assert reading_of(float("nan"), 8) == ["(too few steps to measure it)"]
+    # one bucket (packed rows, sorted-static): the debiased loss is the raw one, ratio 1
+    assert reading_of(1.0, 1)[0].startswith("one bucket: no bucket offsets")
+    cases = [(0.4, 8), (1.12, 8), (float("nan"), 8), (1.0, 1)]
+    assert all(len(line) <= 40 for r, k in cases for line in reading_of(r, k))
