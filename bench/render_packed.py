@@ -96,7 +96,7 @@ def _training(t: dict) -> list[str]:
     )
     if "packed" in v:
         ratio = v["packed"]["vs_sorted"]
-        rounds = v["packed"].get("vs_sorted_all") or [ratio]
+        rounds = _rounds(v["packed"])
         met = "met" if ratio >= GOAL_VS_SORTED_PACKED else "not met"
         if len(rounds) > 1 and min(rounds) < GOAL_VS_SORTED_PACKED <= max(rounds):
             met += (
@@ -111,13 +111,18 @@ def _training(t: dict) -> list[str]:
     return out
 
 
+def _rounds(x: dict) -> list[float]:
+    """A variant's ratio to sorted-static in each round (results without them: the median)."""
+    return x.get("vs_sorted_all") or [x["vs_sorted"]]
+
+
 def _ahead(v: dict) -> str:
     """Which variant is ahead on CPU: named only when it is the fastest in every round (each
     round's ratios to sorted-static compare the variants of that round)."""
     names = list(v)
+    rounds = {n: _rounds(v[n]) for n in names}
     per_round = [
-        max(names, key=lambda n, i=i: v[n]["vs_sorted_all"][i])
-        for i in range(min(len(v[n]["vs_sorted_all"]) for n in names))
+        max(names, key=lambda n, i=i: rounds[n][i]) for i in range(min(map(len, rounds.values())))
     ]
     if per_round and len(set(per_round)) == 1:
         rounds = "" if len(per_round) == 1 else f" (the fastest in all {len(per_round)} rounds)"

@@ -246,3 +246,11 @@ def test_a_variant_is_called_ahead_only_when_it_is_the_fastest_in_every_round():
         "full shuffle; packed rows, full shuffle; padded, sorted-static)"
     )
     assert _ahead(variants([0.97], [0.99])) == "ahead on CPU here: padded, sorted-static"
+
+
+def test_results_without_per_round_ratios_render_on_their_medians():
+    from bench.render_packed import _ahead
+
+    assert _ahead({"packed": {"vs_sorted": 1.02}, "sorted": {"vs_sorted": 1.0}}) == (
+        "ahead on CPU here: packed rows, full shuffle"
+    )
