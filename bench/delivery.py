@@ -68,7 +68,6 @@ def baseline_delivery(cfg: RunConfig, index, edges, epoch: int, world: int, path
             view,
             [part],
             epoch=epoch,
-            edges=edges,
             pad_to_multiple_of=cfg.batching.pad_to_multiple_of,
         ):
             real += mb.num_real_tokens

@@ -399,7 +399,7 @@ def _plan_micro_batches(cfg, lengths, sample_ids, *, rank: int, every: int, rng)
         lens = view.lengths[a:b].astype(np.int64)
         vals = rng.integers(3, cfg.model.vocab_size, int(lens.sum())).astype(np.int32)
         out = collate_micro_batch(
-            view, m, vals, lens, edges=edges, pad_to_multiple_of=cfg.batching.pad_to_multiple_of
+            view, m, vals, lens, pad_to_multiple_of=cfg.batching.pad_to_multiple_of
         )
         batches.append({k: torch.from_numpy(out[k]) for k in TENSOR_KEYS})
         reals.append(int(lens.sum()))

@@ -24,10 +24,11 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.core.batching import greedy_sizes
+from pipeline.core.orders import MEGABATCH_MULT, megabatch_order, megabatch_window
 
 __all__ = ["hf_length_grouped", "equal_mass_boundaries", "lhotse_style", "HF_MEGABATCH_MULT"]
 
-HF_MEGABATCH_MULT = 50  # transformers' cap on megabatch_mult
+HF_MEGABATCH_MULT = MEGABATCH_MULT  # transformers' cap on megabatch_mult
 # RNG stream tags; the HF one equals bench.policies' megabatch stream, so one rank draws
 # the very permutation `policies.megabatch_order` does.
 _HF_STREAM, _LHOTSE_STREAM = 0x4D454741, 0x4C48544F
@@ -40,14 +41,8 @@ def hf_length_grouped(
     of HF's length-grouped sampling with `per_device_batch` samples per rank and step."""
     lengths = np.asarray(lengths, dtype=np.int64)
     n, b, W = lengths.size, per_device_batch, world_size
-    mult = max(1, min(n // (4 * b), HF_MEGABATCH_MULT))
-    window = mult * b
-    perm = np.random.default_rng((seed, _HF_STREAM)).permutation(n)
-    order = perm[np.lexsort((-lengths[perm], np.arange(n) // window))]
-    if n:
-        heads = np.arange(0, n, window)
-        j = heads[int(np.argmax(lengths[order[heads]]))]
-        order[[0, j]] = order[[j, 0]]
+    rng = np.random.default_rng((seed, _HF_STREAM))
+    order = megabatch_order(lengths, megabatch_window(n, b), rng)  # the one megabatch rule
     per_rank_n = -(-n // W)
     order = np.resize(order, per_rank_n * W)  # DistributedSampler pads by repeating the head
     per_rank = order.reshape(per_rank_n, W).T  # rank r: order[r::W]

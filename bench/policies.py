@@ -24,6 +24,8 @@ from pipeline.core.buckets import EdgeTable, optimize_all
 from pipeline.core.config import Batching, PlanConfig
 from pipeline.core.epochs import auto_edges, simulated_efficiency
 from pipeline.core.metrics import micro_batch_padded
+from pipeline.core.orders import MEGABATCH_MULT, megabatch_window
+from pipeline.core.orders import megabatch_order as core_megabatch_order
 from pipeline.core.plan import (
     EpochPlan,
     epoch_plan,
@@ -48,9 +50,6 @@ __all__ = [
     "auto_search",
 ]
 
-# transformers.trainer_pt_utils.get_length_grouped_indices: megabatch_mult defaults to
-# min(len(lengths) // (batch_size * 4), 50), at least 1.
-MEGABATCH_MULT = 50
 # RNG stream tags for the non-bucketed policies, so they never share a stream with a plan's
 # (seed, epoch, bucket) or (seed, epoch, INTERLEAVE_STREAM) generators.
 _RANDOM_STREAM, _MEGABATCH_STREAM = 0x52414E44, 0x4D454741
@@ -144,17 +143,9 @@ def megabatch_order(
     which is exact for one rank and HF's per-process view scaled up for several.
     """
     lengths = np.asarray(lengths, dtype=np.int64)
-    n = lengths.size
-    if mult is None:
-        mult = max(1, min(n // (batch_size * 4), MEGABATCH_MULT))
-    window = mult * batch_size
-    perm = np.random.default_rng((seed, _MEGABATCH_STREAM)).permutation(n)
-    order = perm[np.lexsort((-lengths[perm], np.arange(n) // window))]
-    if longest_first and n:
-        heads = np.arange(0, n, window)
-        j = heads[int(np.argmax(lengths[order[heads]]))]
-        order[[0, j]] = order[[j, 0]]
-    return order
+    window = megabatch_window(lengths.size, batch_size, mult)
+    rng = np.random.default_rng((seed, _MEGABATCH_STREAM))
+    return core_megabatch_order(lengths, window, rng, longest_first=longest_first)
 
 
 def _micro_offsets(global_sizes: np.ndarray, world_size: int) -> np.ndarray:

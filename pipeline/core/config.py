@@ -64,13 +64,13 @@ TEAM_EDGES = [0, 770, 1216, 1728, 2432, 3296, 8192]
 
 
 class PlanConfig(_Section):
-    policy: Literal["bucketed", "sorted", "random"] = Field(
+    policy: Literal["bucketed", "sorted", "sorted_ascending", "random", "megabatch"] = Field(
         "bucketed",
-        description="bucketed: the epoch-seeded bucketed shuffle (this project). Baselines for "
-        "comparison: sorted = a static plan, all samples sorted by length and cut into batches, "
-        "the same batches in the same order every epoch (plan.longest_first moves the longest "
-        "to the front); random = one epoch-seeded permutation of all samples. Both baselines use "
-        "one bucket up to the top edge.",
+        description="bucketed: the epoch-seeded bucketed shuffle. Baselines (one bucket up to the "
+        "top edge): sorted = fixed length-sorted batches in a new order each epoch; "
+        "sorted_ascending = the same batches shortest first every epoch (a length curriculum); "
+        "random = a full shuffle; megabatch = Hugging Face group_by_length. "
+        "docs/architecture.md, 'Batching policies'.",
     )
     seed: NonNegativeInt = Field(
         0, description="Run seed; epoch orders come from (seed, epoch, bucket)."

@@ -49,6 +49,7 @@ from functools import cached_property
 import numpy as np
 
 from pipeline.core.buckets import assign
+from pipeline.core.orders import ROW_STREAM, STEP_STREAM, within_bucket_shuffle
 from pipeline.core.plan import (
     EpochPlan,
     check_world_size,
@@ -56,7 +57,6 @@ from pipeline.core.plan import (
     lengths_and_ids,
     packed_micro_offsets,
     split_offsets,
-    within_bucket_shuffle,
 )
 from pipeline.core.sections import ConfigError
 
@@ -72,9 +72,6 @@ __all__ = [
     "pack_epoch",
 ]
 
-# RNG stream tags: (seed, epoch, tag) never equals a bucket's (seed, epoch, k), k < 2**16.
-STEP_STREAM = 2**31 - 2
-ROW_STREAM = 2**31 - 3
 PACK_VERSION = 1
 
 

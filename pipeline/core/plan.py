@@ -30,6 +30,15 @@ from pipeline.core.batching import (
 from pipeline.core.buckets import assign
 from pipeline.core.config import Batching, ConfigError, PlanConfig
 from pipeline.core.metrics import micro_batch_padded, padding_efficiency
+from pipeline.core.orders import (
+    INTERLEAVE_STREAM,
+    batch_permutation,
+    length_order,
+    megabatch_order,
+    megabatch_window,
+    within_bucket_shuffle,
+)
+from pipeline.core.orders import MEGABATCH_STREAM as _MEGABATCH_STREAM
 
 __all__ = [
     "EpochPlan",
@@ -45,9 +54,6 @@ __all__ = [
     "INTERLEAVE_STREAM",
 ]
 
-# Stream tag for the interleaving RNG: (seed, epoch, INTERLEAVE_STREAM) can never equal a
-# bucket's (seed, epoch, k) because k < 64.
-INTERLEAVE_STREAM = 2**31 - 1
 PLAN_VERSION = 1
 
 
@@ -76,11 +82,6 @@ def packed_micro_offsets(
     """[S, world_size + 1] boundaries, in samples, of each rank's micro-batch of a packed plan:
     a step's rows split over the ranks by `split_offsets`' rule, so no row is ever cut."""
     return np.asarray(row_offsets, dtype=np.int64)[split_offsets(step_rows, world_size)]
-
-
-def length_order(lengths: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """Positions of the samples by ascending length, ties by sample id: the sorted baseline."""
-    return np.lexsort((ids, lengths))
 
 
 def check_world_size(rows_per_step: int, world_size: int) -> None:
@@ -132,11 +133,16 @@ class RankView:
     offsets: np.ndarray  # [num_steps + 1] boundaries into sample_ids
     sample_ids: np.ndarray
     lengths: np.ndarray
+    edges: np.ndarray  # the plan's own edges (a baseline's are [0, top], whatever the config's)
     # Packed plans only: [rows + 1] boundaries of the rank's rows in sample_ids, and
     # [num_steps + 1] boundaries of each micro-batch's rows in them.
     row_offsets: np.ndarray | None = None
     micro_rows: np.ndarray | None = None
     row_tokens: int = 0
+
+    def upper(self, m: int) -> int:
+        """Micro-batch `m`'s bucket upper edge: the longest it may be padded to."""
+        return int(self.edges[int(self.buckets[m]) + 1])
 
 
 @dataclass(frozen=True, eq=False)
@@ -209,6 +215,7 @@ class EpochPlan:
             offsets=np.concatenate([[0], np.cumsum(sizes)]),
             sample_ids=self.sample_ids[idx],
             lengths=self.lengths[idx],
+            edges=self.edges,
             **rows,
         )
 
@@ -410,44 +417,51 @@ def _cap_runs(seq: np.ndarray, max_run: int) -> np.ndarray:
     return seq
 
 
-def within_bucket_shuffle(
-    ids: np.ndarray, bucket: np.ndarray, K: int, seed: int, epoch: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Contract 1's one home, for padded and packed plans: positions grouped by bucket, each
-    bucket's members (canonical: in sample-id order, whatever the input order) permuted by
-    `default_rng((seed, epoch, bucket))`; and the count of each bucket."""
-    order = np.lexsort((ids, bucket))
-    counts = _bucket_counts(bucket, K)
-    starts = np.concatenate([[0], np.cumsum(counts)])
-    for k in range(K):
-        if counts[k] > 1:
-            perm = np.random.default_rng((seed, epoch, k)).permutation(int(counts[k]))
-            order[starts[k] : starts[k + 1]] = order[starts[k] : starts[k + 1]][perm]
-    return order, counts
-
-
 def _bucket_order(
     lengths: np.ndarray,
     ids: np.ndarray,
     bucket: np.ndarray,
     K: int,
     plan: PlanConfig,
+    batching: Batching,
     seed: int,
     epoch: int,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Positions grouped by bucket, shuffled within each (`within_bucket_shuffle`) -- or, for
-    the sorted baseline, in length order -- and the count of each bucket."""
-    if plan.policy == "sorted":
+    """Positions grouped by bucket in the policy's sample order (`pipeline.core.orders`):
+    shuffled within each bucket, in length order for the sorted baselines, or in megabatch
+    windows; and the count of each bucket."""
+    if plan.policy in ("sorted", "sorted_ascending"):
         # Static baseline: length order (ties by id), the same batches every epoch.
         return length_order(lengths, ids), _bucket_counts(bucket, K)
+    if plan.policy == "megabatch":
+        canonical = np.argsort(ids, kind="stable")  # whatever order the samples came in
+        rng = np.random.default_rng((seed, epoch, _MEGABATCH_STREAM))
+        window = megabatch_window(lengths.size, _samples_per_batch(lengths, batching))
+        order = canonical[megabatch_order(lengths[canonical], window, rng, longest_first=False)]
+        return order, _bucket_counts(bucket, K)
     return within_bucket_shuffle(ids, bucket, K, seed, epoch)
+
+
+def _samples_per_batch(lengths: np.ndarray, batching: Batching) -> int:
+    """About how many samples a global batch holds: the megabatch window is ~50 of them."""
+    if batching.mode == "fixed":
+        return int(batching.batch_size)
+    mean = float(lengths.mean()) if lengths.size else 1.0
+    return max(1, int(batching.token_budget // max(mean, 1.0)))
 
 
 def _step_order(
     nb: np.ndarray, plan: PlanConfig, seed: int, epoch: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Each step's bucket (an epoch-seeded interleaving of all global batches, runs capped at
-    `plan.max_run`) and its global batch's index among all buckets' batches."""
+    """Each step's bucket and its global batch's index among all buckets' batches: an
+    epoch-seeded interleaving of all global batches, runs capped at `plan.max_run` (bucketed,
+    random); the fixed batches in an epoch-seeded order (sorted); the batches in their cut order
+    (sorted_ascending, megabatch: the sample order already is the step order)."""
+    total = int(nb.sum())
+    if plan.policy == "sorted":
+        return np.zeros(total, dtype=np.int64), batch_permutation(total, seed, epoch)
+    if plan.policy in ("sorted_ascending", "megabatch"):
+        return np.zeros(total, dtype=np.int64), np.arange(total)
     seq = _interleave(nb, np.random.default_rng((seed, epoch, INTERLEAVE_STREAM)))
     if plan.max_run is not None and seq.size:
         seq = _cap_runs(seq, plan.max_run)
@@ -509,7 +523,9 @@ def epoch_plan(
     if plan.policy != "bucketed":
         edges = edges[[0, -1]]  # the baselines batch across all lengths
     K = edges.size - 1
-    order, counts = _bucket_order(lengths, ids, assign(lengths, edges), K, plan, seed, epoch)
+    order, counts = _bucket_order(
+        lengths, ids, assign(lengths, edges), K, plan, batching, seed, epoch
+    )
 
     g = global_batch_sizes(edges, batching)
     cut = cut_global_batches(lengths[order], counts, edges, batching, g)

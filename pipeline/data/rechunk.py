@@ -171,7 +171,6 @@ def deliver(
     blocks: Iterable[pa.Table],
     *,
     epoch: int,
-    edges,
     pad_id: int = 0,
     pad_to_multiple_of: int = 8,
     supervision: str = "",
@@ -190,7 +189,6 @@ def deliver(
 
     keep_freed_memory()
 
-    edges = np.asarray(edges, dtype=np.int64)
     offsets = view.offsets
     cursor = _PlanCursor(view, blocks, epoch)
     pin = pin_memory and torch.cuda.is_available()
@@ -211,7 +209,6 @@ def deliver(
             m,
             vals,
             lens,
-            edges=edges,
             pad_id=pad_id,
             pad_to_multiple_of=pad_to_multiple_of,
             loss_mask=sup if supervision == "loss_mask" else None,
@@ -239,15 +236,14 @@ def collate_micro_batch(
     vals: np.ndarray,
     lens: np.ndarray,
     *,
-    edges,
     pad_id: int = 0,
     pad_to_multiple_of: int = 8,
     loss_mask: np.ndarray | None = None,
     labels: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """Micro-batch `m` of `view`, whose samples' tokens are `vals` (lengths `lens`), as [B, L]
-    arrays: packed plans' rows of whole documents, or padded to the longest (at most the
-    bucket's upper edge of `edges`)."""
+    arrays: packed plans' rows of whole documents, or padded to the longest (at most its
+    bucket's upper edge in the plan's own edges: a baseline's one bucket is [0, top])."""
     doc_offsets = np.concatenate([[0], np.cumsum(lens)])
     if view.row_offsets is not None:  # packed: whole rows of documents
         r0, r1 = int(view.micro_rows[m]), int(view.micro_rows[m + 1])
@@ -263,7 +259,7 @@ def collate_micro_batch(
     return collate(
         vals,
         doc_offsets,
-        upper=int(edges[int(view.buckets[m]) + 1]),
+        upper=view.upper(m),
         pad_to_multiple_of=pad_to_multiple_of,
         pad_id=pad_id,
         loss_mask=loss_mask,

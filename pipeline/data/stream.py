@@ -107,7 +107,6 @@ def _chapter_batches(
                 part.view,
                 _prefetched_blocks(part.refs),
                 epoch=epoch,
-                edges=part.edges,
                 pad_id=part.pad_id,
                 pad_to_multiple_of=part.pad_to_multiple_of,
                 supervision=part.supervision,

@@ -189,7 +189,8 @@ def test_drop_remainder_drops_only_each_buckets_partial_last_batch():
 
 @pytest.mark.parametrize(
     "batching,expected",
-    [  # content hashes from the commit before greedy fill existed (fill was always per bucket)
+    [  # content hashes from the commit before greedy fill existed (fill was always per bucket);
+        # that commit's `sorted` ran its batches shortest first: today's `sorted_ascending`
         (dict(token_budget=16384), ("7fc198a174c285db", "ef7f28b23422e339")),
         (dict(token_budget=16384, drop_remainder=True), ("67e2ae7a4bfda988", "ef7f28b23422e339")),
         (dict(token_budget=16384, round_to=1), ("38bc36d5b837b8c1", "ef7f28b23422e339")),
@@ -208,7 +209,7 @@ def test_fixed_per_bucket_fill_reproduces_earlier_plan_hashes(batching, expected
             batching=bat,
             plan=PlanConfig(policy=policy),
         ).content_hash
-        for policy in ("bucketed", "sorted")
+        for policy in ("bucketed", "sorted_ascending")
     )
     assert got == expected
 

@@ -99,11 +99,7 @@ def test_contract2_padding_matches_slow_reference_for_any_block_layout(
             )
         ).astype(int)
         blocks = _blocks(view.sample_ids, tokens, masks, cuts, with_mask)
-        got = list(
-            deliver(
-                view, blocks, epoch=0, edges=EDGES, supervision="loss_mask" if with_mask else ""
-            )
-        )
+        got = list(deliver(view, blocks, epoch=0, supervision="loss_mask" if with_mask else ""))
         assert len(got) == plan.num_steps
         for m, mb in enumerate(got):
             want_ids = view.sample_ids[view.offsets[m] : view.offsets[m + 1]]
@@ -140,7 +136,6 @@ def test_contract4_empty_micro_batch_is_zero_by_zero():
             view,
             _blocks(view.sample_ids, tokens, masks, [0, view.offsets[-1]], False),
             epoch=0,
-            edges=EDGES,
         )
     )
     assert len(got) == plan.num_steps
@@ -167,7 +162,7 @@ def test_stream_out_of_plan_order_raises_naming_rank_step_and_ids():
     swapped[[3, 4]] = swapped[[4, 3]]
     blocks = _blocks(swapped, tokens, masks, [0, swapped.size], False)
     with pytest.raises(RuntimeError, match=r"rank 0 epoch 0 step \d+: delivered sample_id"):
-        list(deliver(view, blocks, epoch=0, edges=EDGES))
+        list(deliver(view, blocks, epoch=0))
 
 
 def test_stream_shorter_than_plan_raises():
@@ -175,7 +170,7 @@ def test_stream_shorter_than_plan_raises():
     view = _single_rank_view(ids, lengths)
     blocks = _blocks(view.sample_ids, tokens, masks, [0, 10], False)
     with pytest.raises(RuntimeError, match="ended after 10 of 40 planned rows"):
-        list(deliver(view, blocks, epoch=0, edges=EDGES))
+        list(deliver(view, blocks, epoch=0))
 
 
 @pytest.mark.parametrize("skip", [0, 1, 5, 11])
@@ -184,8 +179,8 @@ def test_contract7_skipping_micro_batches_continues_an_interrupted_stream(skip):
     view = _single_rank_view(ids, lengths)
     total = int(view.offsets[-1])
     blocks = _blocks(view.sample_ids, tokens, masks, [0, 7, 20, 33, total], False)
-    full = list(deliver(view, blocks, epoch=0, edges=EDGES))
-    rest = list(deliver(view, blocks, epoch=0, edges=EDGES, skip=skip))
+    full = list(deliver(view, blocks, epoch=0))
+    rest = list(deliver(view, blocks, epoch=0, skip=skip))
     assert len(rest) == len(full) - skip
     for a, b in zip(full[skip:], rest, strict=True):
         assert a.step == b.step and np.array_equal(a.sample_ids, b.sample_ids)
@@ -199,7 +194,7 @@ def test_skipped_rows_are_still_checked_against_the_plan():
     swapped[[0, 1]] = swapped[[1, 0]]
     blocks = _blocks(swapped, tokens, masks, [0, 20, swapped.size], False)
     with pytest.raises(RuntimeError, match="delivered sample_id"):
-        list(deliver(view, blocks, epoch=0, edges=EDGES, skip=3))
+        list(deliver(view, blocks, epoch=0, skip=3))
 
 
 def test_delivering_sets_the_allocator_to_keep_freed_memory():
@@ -211,5 +206,5 @@ def test_delivering_sets_the_allocator_to_keep_freed_memory():
     ids, lengths, tokens, masks = _corpus(20, 7)
     view = _single_rank_view(ids, lengths)
     blocks = _blocks(view.sample_ids, tokens, masks, [0, view.offsets[-1]], False)
-    next(deliver(view, blocks, epoch=0, edges=EDGES))
+    next(deliver(view, blocks, epoch=0))
     assert rechunk.keep_freed_memory.cache_info().currsize == 1

@@ -105,7 +105,7 @@ def test_delivery_yields_the_planned_packed_rows_for_any_block_layout(block_rows
         )
         for lo in range(0, ids.size, block_rows)
     ]
-    got = list(deliver(view, blocks, epoch=1, edges=plan.edges, skip=2))
+    got = list(deliver(view, blocks, epoch=1, skip=2))
     assert [mb.step for mb in got] == view.steps[2:].tolist()
     for m, mb in zip(range(2, view.steps.size), got, strict=True):
         a, b = int(view.offsets[m]), int(view.offsets[m + 1])

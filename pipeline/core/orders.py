@@ -1,0 +1,110 @@
+"""Sample orders of the batching policies, and every RNG stream tag the plans draw from.
+
+A plan's randomness comes from `np.random.default_rng((seed, epoch, tag))`: a bucket's
+within-bucket shuffle uses its bucket index as the tag (contract 1), every other stream one of
+the tags below, all far above any bucket index, so no two streams of one (seed, epoch) coincide
+(`tests/unit/test_plan_contracts.py` checks they are distinct). Pure numpy.
+
+The policies (`plan.policy`):
+
+- `bucketed`: each bucket's samples shuffled per epoch (`within_bucket_shuffle`), global batches
+  cut per bucket and interleaved in an epoch-seeded order (pipeline.core.plan).
+- `sorted`: the classic static baseline. All samples in length order (ties by sample id) cut
+  into batches: the same batches every epoch, their ORDER drawn per epoch (`batch_permutation`),
+  so no epoch is a length curriculum.
+- `sorted_ascending`: the same batches from shortest to longest every epoch: a length
+  curriculum, repeated each epoch (only on purpose: it ends every epoch on the longest samples).
+- `random`: one epoch-seeded permutation of all samples (edges [0, top], one bucket).
+- `megabatch`: Hugging Face's `group_by_length`: an epoch-seeded permutation cut into windows of
+  about 50 batches, each window sorted by length, longest first (`megabatch_order`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = [
+    "INTERLEAVE_STREAM",
+    "STEP_STREAM",
+    "ROW_STREAM",
+    "SORTED_ORDER_STREAM",
+    "MEGABATCH_STREAM",
+    "PLAN_STREAMS",
+    "MEGABATCH_MULT",
+    "batch_permutation",
+    "length_order",
+    "megabatch_order",
+    "megabatch_window",
+    "within_bucket_shuffle",
+]
+
+# Stream tags (seed, epoch, tag); a bucket index k is always far below them.
+INTERLEAVE_STREAM = 2**31 - 1  # the order of a bucketed epoch's global batches
+STEP_STREAM = 2**31 - 2  # the order of a packed epoch's steps
+ROW_STREAM = 2**31 - 3  # the order of a packed epoch's rows across buckets
+SORTED_ORDER_STREAM = 2**31 - 4  # the order of the sorted baseline's fixed batches
+MEGABATCH_STREAM = 2**31 - 5  # the permutation the megabatch windows are cut from
+PLAN_STREAMS = (
+    INTERLEAVE_STREAM,
+    STEP_STREAM,
+    ROW_STREAM,
+    SORTED_ORDER_STREAM,
+    MEGABATCH_STREAM,
+)
+
+# transformers.trainer_pt_utils.get_length_grouped_indices: megabatch_mult defaults to
+# min(len(lengths) // (batch_size * 4), 50), at least 1.
+MEGABATCH_MULT = 50
+
+
+def length_order(lengths: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Positions of the samples by ascending length, ties by sample id: the sorted baseline."""
+    return np.lexsort((ids, lengths))
+
+
+def within_bucket_shuffle(
+    ids: np.ndarray, bucket: np.ndarray, K: int, seed: int, epoch: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Contract 1's one home, for padded and packed plans: positions grouped by bucket, each
+    bucket's members (canonical: in sample-id order, whatever the input order) permuted by
+    `default_rng((seed, epoch, bucket))`; and the count of each bucket."""
+    order = np.lexsort((ids, bucket))
+    counts = np.bincount(bucket, minlength=K).astype(np.int64)
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    for k in range(K):
+        if counts[k] > 1:
+            perm = np.random.default_rng((seed, epoch, k)).permutation(int(counts[k]))
+            order[starts[k] : starts[k + 1]] = order[starts[k] : starts[k + 1]][perm]
+    return order, counts
+
+
+def batch_permutation(num_batches: int, seed: int, epoch: int) -> np.ndarray:
+    """The sorted baseline's step order: its fixed batches in an epoch-seeded random order."""
+    return np.random.default_rng((seed, epoch, SORTED_ORDER_STREAM)).permutation(num_batches)
+
+
+def megabatch_window(n: int, batch_size: int, mult: int | None = None) -> int:
+    """Samples per megabatch window: `mult` batches, by default Hugging Face's
+    min(n // (4 * batch_size), 50), at least 1."""
+    batch_size = max(1, int(batch_size))
+    if mult is None:
+        mult = max(1, min(n // (batch_size * 4), MEGABATCH_MULT))
+    return int(mult) * batch_size
+
+
+def megabatch_order(
+    lengths: np.ndarray, window: int, rng: np.random.Generator, *, longest_first: bool = True
+) -> np.ndarray:
+    """Hugging Face `group_by_length` order: a random permutation (from `rng`) cut into windows
+    of `window` samples, each window sorted by length descending (stable, like Python's
+    `sorted(..., reverse=True)`). With `longest_first`, the head of the window holding the
+    longest sample is swapped with the head of window 0, as HF does, so an OOM shows at once."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    n = lengths.size
+    perm = rng.permutation(n)
+    order = perm[np.lexsort((-lengths[perm], np.arange(n) // max(1, int(window))))]
+    if longest_first and n:
+        heads = np.arange(0, n, max(1, int(window)))
+        j = heads[int(np.argmax(lengths[order[heads]]))]
+        order[[0, j]] = order[[j, 0]]
+    return order
