@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pipeline.core.config import RunConfig, validate
 
-__all__ = ["free_ports", "tiny_raw", "tiny_config"]
+__all__ = ["free_ports", "tiny_raw", "tiny_config", "write_held_out"]
 
 
 def free_ports(n: int) -> list[int]:
@@ -68,3 +68,24 @@ _SWITCHES = {
 def tiny_config(tmp_path: Path | str | None = None, **sections: dict) -> RunConfig:
     """`tiny_raw(...)`, validated."""
     return validate(tiny_raw(tmp_path, **sections))
+
+
+def write_held_out(
+    directory: Path | str, n: int = 40, *, max_length: int = 64, vocab: int = 64, seed: int = 7
+) -> str:
+    """A small held-out set for the tiny run: `n` samples drawn like the synthetic corpus's
+    (the same learnable structure, corpus seed 0), lengths 2 to `max_length`, sample ids from
+    10**9 on (never the training corpus's, so never its tokens either), one shard."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from pipeline.core.synthetic import synthetic_tokens
+    from pipeline.data.corpus import token_table
+
+    lengths = np.random.default_rng(seed).integers(2, max_length + 1, n)
+    ids = 10**9 + np.arange(n)
+    values, offsets = synthetic_tokens(lengths, ids, vocab_size=vocab, seed=0)
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    pq.write_table(token_table(ids, values, offsets), d / "held-00000.parquet")
+    return str(d)

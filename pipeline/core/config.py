@@ -19,6 +19,7 @@ from pydantic import (
 )
 
 from pipeline.core import overrides as _overrides
+from pipeline.core.evalconfig import EvalConfig
 from pipeline.core.sections import (
     PATH,
     Batching,
@@ -40,6 +41,7 @@ from pipeline.core.sections import (
 
 __all__ = [
     "ConfigError",
+    "EvalConfig",
     "RunConfig",
     "DataConfig",
     "SyntheticConfig",
@@ -350,6 +352,9 @@ class RunConfig(_Section):
     checkpoint: CheckpointConfig = Field(
         default_factory=CheckpointConfig, description="Checkpoints."
     )
+    eval: EvalConfig | None = Field(
+        None, description="Held-out evaluation (null: none); docs/evaluation.md."
+    )
 
     def top_edge_bound(self) -> tuple[int, str]:
         """The largest the top bucket edge can be, and the setting that says so."""
@@ -377,6 +382,8 @@ class RunConfig(_Section):
             )
         if isinstance(b, PackedBatching):
             _packed_checks(self, top, what)
+        if self.eval is not None and self.eval.split is not None:
+            _eval_split_checks(self)
         if self.scaling.min_workers is not None and self.plan.on_world_size_change == "refuse":
             raise ValueError(
                 f"scaling.min_workers={self.scaling.min_workers} lets Ray Train resize the run, but "
@@ -411,6 +418,29 @@ def _packed_checks(cfg: RunConfig, top: int, what: str) -> None:
         raise ValueError(
             "plan.policy and plan.max_run have no effect with batching.mode=packed (rows are "
             "packed from the bucketed shuffle, steps in an epoch-seeded order): remove them"
+        )
+
+
+def _eval_split_checks(cfg: RunConfig) -> None:
+    """eval.split names held-out files beside the training data, never the training files."""
+    split, d = cfg.eval.split, cfg.data
+    if d.synthetic is not None:
+        if not d.synthetic.heldout:
+            raise ValueError(
+                f"eval.split={split!r}: the synthetic corpus has no held-out split; set "
+                "data.synthetic.heldout (e.g. 0.07, preset pystdlib) or use eval.path"
+            )
+        if split != "validation":
+            raise ValueError(
+                f"eval.split={split!r}: the synthetic corpus holds out split 'validation'"
+            )
+        return
+    # Without data.split, a data.path holding both splits is refused by discovery (files of two
+    # splits side by side), and held-out files trained on are refused by the overlap check.
+    if d.split is not None and d.split.lower() == split.lower():
+        raise ValueError(
+            f"eval.split={split!r} is the training split (data.split): hold out another split, "
+            "e.g. validation"
         )
 
 

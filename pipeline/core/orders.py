@@ -29,6 +29,7 @@ __all__ = [
     "ROW_STREAM",
     "SORTED_ORDER_STREAM",
     "MEGABATCH_STREAM",
+    "EVAL_SUBSET_STREAM",
     "PLAN_STREAMS",
     "MEGABATCH_MULT",
     "batch_permutation",
@@ -44,12 +45,14 @@ STEP_STREAM = 2**31 - 2  # the order of a packed epoch's steps
 ROW_STREAM = 2**31 - 3  # the order of a packed epoch's rows across buckets
 SORTED_ORDER_STREAM = 2**31 - 4  # the order of the sorted baseline's fixed batches
 MEGABATCH_STREAM = 2**31 - 5  # the permutation the megabatch windows are cut from
+EVAL_SUBSET_STREAM = 2**31 - 6  # eval.max_samples: which held-out samples (no seed, no epoch)
 PLAN_STREAMS = (
     INTERLEAVE_STREAM,
     STEP_STREAM,
     ROW_STREAM,
     SORTED_ORDER_STREAM,
     MEGABATCH_STREAM,
+    EVAL_SUBSET_STREAM,
 )
 
 # transformers.trainer_pt_utils.get_length_grouped_indices: megabatch_mult defaults to

@@ -22,9 +22,10 @@ __all__ = ["INDEX_VERSION", "cache_dir_for", "dataset_fingerprint", "load_cached
 
 log = logging.getLogger("bucketray.data")
 
-# 4: row-group digests hash lengths, validity and values as three streams (a batched read
-# computes them); 3: SHA-256 (was blake2b). An older cache is simply rebuilt.
-INDEX_VERSION = 4
+# 5: a 64-bit hash of every row's tokens (the held-out overlap check); 4: row-group digests
+# hash lengths, validity and values as three streams (a batched read computes them); 3: SHA-256
+# (was blake2b). An older cache is simply rebuilt.
+INDEX_VERSION = 5
 
 
 def dataset_fingerprint(shards: list[pafs.FileInfo], footers: list[list[str] | None]) -> str:

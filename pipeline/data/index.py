@@ -70,6 +70,9 @@ class LengthIndex:
     # Aligned with `lengths`, before the cut at `truncate_to` (None when nothing is truncated):
     # what over_length=truncate removes is counted from these.
     untruncated_lengths: np.ndarray | None = None
+    # Aligned with `lengths`: a 64-bit hash of each sample's tokens (scan.row_hashes), so a
+    # held-out set is checked for samples the training data holds too.
+    row_hashes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     @property
     def num_samples(self) -> int:
@@ -134,6 +137,7 @@ def build_length_index(cfg: RunConfig, path: str | None = None) -> LengthIndex:
         rg_digests=tuple(tuple(d) for d in table["rg_digest"].to_pylist()),
         io_retries=retries,
         untruncated_lengths=raw_lengths if opts.truncate else None,
+        row_hashes=v.row_hash[v.keep][order],
     )
 
 

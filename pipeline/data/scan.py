@@ -71,9 +71,14 @@ SCAN_SCHEMA = pa.schema(
         ("flags", pa.list_(pa.uint8())),
         ("lab_min", pa.list_(pa.int64())),
         ("lab_max", pa.list_(pa.int64())),
+        ("row_hash", pa.list_(pa.int64())),
     ]
 )
-_PER_ROW = ("sample_id", "length", "min_id", "max_id", "flags", "lab_min", "lab_max")
+_PER_ROW = ("sample_id", "length", "min_id", "max_id", "flags", "lab_min", "lab_max", "row_hash")
+# Row hashes: a polynomial in the token position with an odd multiplier (the FNV-64 prime), so
+# every power is a unit mod 2**64, then splitmix64's finaliser over the value and the length.
+_HASH_BASE = np.uint64(0x100000001B3)
+_MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
 
 def derived_sample_ids(file_idx: int, rows: np.ndarray) -> np.ndarray:
@@ -128,6 +133,33 @@ def _as_int64(vals: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         if huge.any():
             return np.where(huge, np.uint64(INT64_MAX), vals).astype(np.int64), huge
     return vals.astype(np.int64, copy=False), None
+
+
+def row_hashes(vals: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """A 64-bit hash (as int64) of each row's token values vals[starts[i]:ends[i]]: rows with
+    the same tokens have the same hash, and two different rows share one with chance ~2**-64.
+    Vectorized; arithmetic wraps mod 2**64 by design."""
+    lengths = (ends - starts).astype(np.int64)
+    n = int(lengths.sum())
+    if starts.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    longest = int(lengths.max())
+    powers = np.ones(max(longest, 1), dtype=np.uint64)
+    if longest > 1:
+        powers[1:] = np.cumprod(np.full(longest - 1, _HASH_BASE, dtype=np.uint64))
+    idx = np.repeat(starts, lengths) + (
+        np.arange(n) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    )
+    pos = idx - np.repeat(starts, lengths)
+    terms = (vals[idx].astype(np.int64).view(np.uint64) + np.uint64(1)) * powers[pos]
+    compact_starts = np.cumsum(lengths) - lengths
+    h = _segment_reduce(
+        np.add, terms.view(np.int64), compact_starts, compact_starts + lengths, 0
+    ).view(np.uint64)
+    x = h ^ (lengths.view(np.uint64) * _MIX2)
+    x = (x ^ (x >> np.uint64(30))) * _MIX1
+    x = (x ^ (x >> np.uint64(27))) * _MIX2
+    return (x ^ (x >> np.uint64(31))).view(np.int64)
 
 
 def _any_in_rows(mask: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -244,6 +276,7 @@ def _scan_rows(t: pa.Table, file_idx: int, row0: int, digest: ContentDigest) -> 
         "flags": flags,
         "lab_min": lab_min,
         "lab_max": lab_max,
+        "row_hash": row_hashes(vals, starts, ends),
     }
 
 

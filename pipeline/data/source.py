@@ -35,10 +35,11 @@ def top_edge(cfg: RunConfig) -> int:
 
 def data_options(cfg: RunConfig, path: str) -> DataOptions:
     d = cfg.data
+    heldout = d.synthetic is not None and d.synthetic.heldout > 0
     return DataOptions(
         path=path,
         glob=d.glob,
-        split=d.split,
+        split="train" if heldout else d.split,  # the held-out files are split `validation`
         cache_dir=d.cache_dir,
         quarantine=d.on_bad_rows.value == "quarantine",
         quarantine_path=d.quarantine_path,
@@ -56,7 +57,11 @@ def resolve_data_path(cfg: RunConfig) -> str:
     out = os.path.abspath(syn.out_dir)
     if syn.preset in TEXT_PRESETS:  # real text: the interpreter's stdlib source, built once
         text = dict(
-            preset=syn.preset, shards=syn.shards, max_samples=syn.num_samples, seed=syn.seed
+            preset=syn.preset,
+            shards=syn.shards,
+            max_samples=syn.num_samples,
+            seed=syn.seed,
+            heldout=syn.heldout,
         )
         if not text_corpus_is_current(out, **text):
             print(

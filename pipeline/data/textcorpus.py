@@ -49,6 +49,7 @@ __all__ = [
     "TEXT_PRESETS",
     "Snippet",
     "byte_tokens",
+    "heldout_files",
     "split_source",
     "stable_id",
     "stdlib_root",
@@ -178,8 +179,11 @@ def _params(
     tokenizer: str | None,
     max_samples: int | None = None,
     seed: int = 0,
+    heldout: float = 0.0,
 ) -> dict:
+    extra = {"heldout": float(heldout)} if heldout else {}  # corpora without one stay current
     return {
+        **extra,
         "version": 1,
         "preset": preset,
         "python": ".".join(map(str, sys.version_info[:3])),
@@ -209,6 +213,7 @@ def text_corpus_is_current(
     tokenizer: str | None = None,
     max_samples: int | None = None,
     seed: int = 0,
+    heldout: float = 0.0,
 ) -> bool:
     """True when `out_dir` holds a complete corpus built with these parameters by this Python."""
     marker = Path(out_dir) / TEXT_MARKER
@@ -218,20 +223,69 @@ def text_corpus_is_current(
         found = json.loads(marker.read_text())
     except (OSError, json.JSONDecodeError):
         return False
-    want = _params(preset, shards, str(root or stdlib_root()), tokenizer, max_samples, seed)
+    want = _params(
+        preset, shards, str(root or stdlib_root()), tokenizer, max_samples, seed, heldout
+    )
     return {k: found.get(k) for k in want} == want
 
 
 def _write_shards(
-    out: Path, ids: np.ndarray, values: np.ndarray, offsets: np.ndarray, shards: int
+    out: Path,
+    ids: np.ndarray,
+    values: np.ndarray,
+    offsets: np.ndarray,
+    shards: int,
+    prefix: str = "shard",
 ) -> None:
-    """`shards` contiguous Parquet shards of (sample_id, input_ids)."""
+    """`shards` contiguous Parquet shards of (sample_id, input_ids) named `<prefix>-00000...`."""
     n = ids.size
     bounds = np.linspace(0, n, shards + 1).round().astype(np.int64)
     for s in range(shards):
         lo, hi = int(bounds[s]), int(bounds[s + 1])
         table = token_table(ids[lo:hi], values, offsets[lo : hi + 1])
-        pq.write_table(table, out / f"shard-{s:05d}.parquet", row_group_size=ROW_GROUP_ROWS)
+        pq.write_table(table, out / f"{prefix}-{s:05d}.parquet", row_group_size=ROW_GROUP_ROWS)
+
+
+def heldout_files(files: list[str], fraction: float) -> set[str]:
+    """The source files held out for evaluation: each file by a stable hash of its path, so
+    about `fraction` of the files, the same on every machine and for every subset."""
+    if fraction <= 0:
+        return set()
+    return {f for f in set(files) if stable_id("heldout", f) < fraction * 2**62}
+
+
+def _split_heldout(
+    snippets: list[Snippet], values: np.ndarray, offsets: np.ndarray, fraction: float
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """(training positions, held-out positions, held-out samples dropped because a training
+    sample has the same tokens): held-out files are never trained on, and no held-out sample
+    repeats a training one."""
+    held = heldout_files([s.file for s in snippets], fraction)
+    is_held = np.array([s.file in held for s in snippets], dtype=bool)
+    train, test = np.flatnonzero(~is_held), np.flatnonzero(is_held)
+
+    def text(i: int) -> bytes:
+        return values[offsets[i] : offsets[i + 1]].tobytes()
+
+    seen = {text(i) for i in train}
+    unique = np.array([i for i in test if text(i) not in seen], dtype=np.int64)
+    return train, unique, int(test.size - unique.size)
+
+
+def _write_split(
+    out: Path,
+    ids: np.ndarray,
+    values: np.ndarray,
+    offsets: np.ndarray,
+    positions: np.ndarray,
+    shards: int,
+    prefix: str,
+) -> None:
+    lens = np.diff(offsets)[positions]
+    starts = offsets[positions]
+    sub_off = np.concatenate([[0], np.cumsum(lens)])
+    idx = np.repeat(starts - sub_off[:-1], lens) + np.arange(int(sub_off[-1]))
+    _write_shards(out, ids[positions], values[idx], sub_off, shards, prefix)
 
 
 def _write_manifest(
@@ -261,13 +315,15 @@ def write_text_corpus(
     tokenizer: str | None = None,
     max_samples: int | None = None,
     seed: int = 0,
+    heldout: float = 0.0,
     progress: bool = True,
 ) -> dict:
     """Build the corpus into `out_dir` (idempotent); returns a summary with the marker's fields.
 
     `root` replaces the stdlib directory (tests use a small one); `tokenizer` is a local
     tokenizer.json used instead of bytes; `max_samples` keeps at most that many definitions, a
-    subset drawn with `seed` (`subset`).
+    subset drawn with `seed` (`subset`); `heldout` > 0 holds out that fraction of the source
+    files (`heldout_files`) as split `validation` and writes the rest as split `train`.
     """
     if preset not in TEXT_PRESETS:
         raise ValueError(f"unknown text preset {preset!r}: choose one of {list(TEXT_PRESETS)}")
@@ -277,7 +333,7 @@ def write_text_corpus(
     if not src.is_dir():
         raise FileNotFoundError(f"source directory not found: {src}")
     out = Path(out_dir)
-    params = _params(preset, shards, str(src), tokenizer, max_samples, seed)
+    params = _params(preset, shards, str(src), tokenizer, max_samples, seed, heldout)
     if text_corpus_is_current(
         out,
         preset=preset,
@@ -286,6 +342,7 @@ def write_text_corpus(
         tokenizer=tokenizer,
         max_samples=max_samples,
         seed=seed,
+        heldout=heldout,
     ):
         summary = json.loads((out / TEXT_MARKER).read_text())
         return {**summary, "skipped": True, "out_dir": str(out)}
@@ -307,9 +364,21 @@ def write_text_corpus(
     else:
         (values, offsets), vocab = byte_tokens(texts), BYTE_VOCAB
     n = len(snippets)
-    shards = min(shards, n)
-    _write_shards(out, ids, values, offsets, shards)
     lengths = np.diff(offsets)
+    split_info = {}
+    if heldout:
+        train, test, dropped = _split_heldout(snippets, values, offsets, heldout)
+        if not train.size or not test.size:
+            raise ValueError(
+                f"heldout={heldout} leaves {train.size} training and {test.size} held-out "
+                "samples: choose a fraction that leaves both non-empty"
+            )
+        _write_split(out, ids, values, offsets, train, min(shards, train.size), "train")
+        _write_split(out, ids, values, offsets, test, 1, "validation")
+        split_info = {"train_samples": int(train.size), "heldout_samples": int(test.size),
+                      "heldout_duplicates_dropped": dropped}  # fmt: skip
+    else:
+        _write_shards(out, ids, values, offsets, min(shards, n))
     _write_manifest(out, snippets, ids, lengths)
     summary = {
         **params,
@@ -321,10 +390,16 @@ def write_text_corpus(
         "vocab_size": int(vocab),
         "max_length": int(lengths.max()),
         "median_length": float(np.median(lengths)),
+        **split_info,
     }
     marker.write_text(json.dumps(summary))
     if progress:
         of = f" (a subset of {found:,})" if n < found else ""
+        if split_info:
+            of += (
+                f" ({split_info['train_samples']:,} train, {split_info['heldout_samples']:,} "
+                "held out by source file)"
+            )
         print(
             f"textcorpus: {n:,} samples{of}, {summary['tokens']:,} tokens from "
             f"{summary['files_read']} files ({len(skipped)} skipped) in "

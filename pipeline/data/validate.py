@@ -77,6 +77,7 @@ class Validated:
     rows: np.ndarray  # int64, row inside its file
     num_records: int  # quarantine records: bad rows plus unusable files
     quarantine_path: str | None
+    row_hash: np.ndarray | None = None  # int64: a hash of each row's tokens (scan.row_hashes)
 
 
 def _flat(table: pa.Table, name: str) -> np.ndarray:
@@ -129,7 +130,8 @@ def _reasons(table: pa.Table, opts: DataOptions) -> dict:
         reason[checks[code]] = code
     first_of = _mark_duplicates(sid, reason)
     return dict(fidx=fidx, rows=rows, sid=sid, length=length, mins=mins, maxs=maxs,
-                reason=reason, first_of=first_of)  # fmt: skip
+                reason=reason, first_of=first_of,
+                row_hash=_flat(table, "row_hash").astype(np.int64))  # fmt: skip
 
 
 def _mark_duplicates(sid: np.ndarray, reason: np.ndarray) -> np.ndarray:
@@ -203,7 +205,9 @@ def validate(table: pa.Table, files: list[str], opts: DataOptions, default_q: st
             f"{len(records) - int((r['reason'] > 0).sum())} unusable files; reasons in {qpath}): "
             "nothing is left to train on; fix the data"
         )
-    return Validated(keep, r["sid"], r["length"], r["fidx"], r["rows"], len(records), qpath)
+    return Validated(
+        keep, r["sid"], r["length"], r["fidx"], r["rows"], len(records), qpath, r["row_hash"]
+    )
 
 
 def _records(table: pa.Table, files: list[str], r: dict, opts: DataOptions) -> list[tuple]:

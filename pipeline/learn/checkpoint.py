@@ -3,6 +3,7 @@
 Layout (one directory; Ray Train merges what each rank wrote):
     model.pt, optimizer.pt, trainer.pt   rank 0: weights, AdamW state, scheduler/tracker/counters
     rng_rank<r>.pt                        every rank: its torch / python / numpy RNG states
+    run_config.json                       rank 0: the run's config (jobs.evaluate reads it)
     state.json                            rank 0, written last: {"version": 1, "position": ...}
 A directory without state.json is an incomplete checkpoint and is refused. Tensors are loaded
 with `torch.load(weights_only=True)`: a checkpoint cannot run code.
@@ -30,6 +31,7 @@ from pipeline.learn.loss import assert_finite_weights
 
 __all__ = [
     "POSITION_VERSION",
+    "RUN_CONFIG_FILE",
     "SAVE_FAIL_ENV",
     "CheckpointError",
     "CheckpointStorageError",
@@ -38,7 +40,9 @@ __all__ = [
     "TrainState",
     "global_batch_definition",
     "save_checkpoint",
+    "save_run_config",
     "load_checkpoint",
+    "load_run_config",
     "check_resume",
     "rng_state",
     "set_rng_state",
@@ -46,6 +50,7 @@ __all__ = [
 
 POSITION_VERSION = 1
 STATE_FILE = "state.json"
+RUN_CONFIG_FILE = "run_config.json"
 # Fault injection for tests: rank 0 SIGKILLs itself between model.pt and optimizer.pt while
 # saving the checkpoint of global step N, once (marked by "<BUCKETRAY_FAIL_MARKER>.save").
 SAVE_FAIL_ENV = "BUCKETRAY_DIE_SAVING_STEP"
@@ -160,6 +165,23 @@ def _maybe_die_saving(steps_done: int) -> None:
         return
     Path(marker + ".save").touch()
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def save_run_config(directory: str | os.PathLike, cfg: RunConfig) -> None:
+    """The run's config beside its weights, so a checkpoint can be evaluated on its own."""
+    path = Path(directory) / RUN_CONFIG_FILE
+    path.write_text(json.dumps(cfg.model_dump(mode="json"), indent=1))
+
+
+def load_run_config(directory: str | os.PathLike) -> dict:
+    """The config a checkpoint was written with, as a plain dict (not yet validated)."""
+    path = Path(directory) / RUN_CONFIG_FILE
+    if not path.is_file():
+        raise CheckpointError(
+            f"{directory} has no {RUN_CONFIG_FILE} (written by runs since held-out evaluation "
+            "existed): pass the run's config with --config"
+        )
+    return json.loads(path.read_text())
 
 
 def save_checkpoint(directory: str | os.PathLike, state: TrainState, *, rank: int) -> None:

@@ -1,4 +1,5 @@
-"""Every global step of a run, one row each: what the run's picture is drawn from (no Ray, no torch).
+"""Every global step of a run, one row each, and every held-out evaluation: what the run's picture
+is drawn from (no Ray, no torch).
 
 Rank 0 appends a row per global step (its arrays are sums over all ranks, so the row describes the
 global step) and writes the table into each checkpoint it saves (`history.parquet`), so a resumed
@@ -15,7 +16,15 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-__all__ = ["HISTORY_FILE", "COLUMNS", "StepHistory", "read_history"]
+__all__ = [
+    "COLUMNS",
+    "EVAL_FILE",
+    "EvalHistory",
+    "HISTORY_FILE",
+    "StepHistory",
+    "read_evals",
+    "read_history",
+]
 
 HISTORY_FILE = "history.parquet"
 # Columns, in order: global step (1-based: steps done after it), epoch, bucket of the step, raw
@@ -81,3 +90,79 @@ def read_history(fs: pafs.FileSystem, checkpoint_path: str) -> StepHistory:
             return StepHistory.from_table(pq.read_table(f))
     except FileNotFoundError:
         return StepHistory()
+
+
+EVAL_FILE = "eval_history.parquet"
+# One row per evaluation: the global steps done when it ran (0: before training), the epoch, the
+# held-out figures (pipeline.core.evaluation.EvalSums.metrics) and the seconds it took; the loss
+# of each training bucket is a list (NaN where the held-out set has no sample of that bucket).
+EVAL_COLUMNS = ("step", "epoch", "loss", "accuracy", "loss_per_sample", "tokens", "samples")
+
+
+@dataclass
+class EvalHistory:
+    """Every evaluation of a run, written into each checkpoint beside the step history, so a
+    resumed run neither repeats nor skips one."""
+
+    rows: list[dict] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def steps(self) -> list[int]:
+        return [int(r["step"]) for r in self.rows]
+
+    def append(self, step: int, epoch: int, metrics: dict, num_buckets: int, seconds: float):
+        by_bucket = [
+            float(metrics.get(f"eval/loss_by_bucket/{k}", float("nan"))) for k in range(num_buckets)
+        ]
+        row = {"step": int(step), "epoch": int(epoch), "seconds": float(seconds)}
+        row.update({c: float(metrics[f"eval/{c}"]) for c in EVAL_COLUMNS[2:]})
+        row["loss_by_bucket"] = by_bucket
+        self.rows.append(row)
+
+    def truncate(self, steps_done: int) -> None:
+        """Keep the evaluations of steps <= steps_done (a checkpoint's position)."""
+        self.rows = [r for r in self.rows if r["step"] <= steps_done]
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        cols = (*EVAL_COLUMNS, "seconds")
+        out = {c: np.asarray([r[c] for r in self.rows], dtype=np.float64) for c in cols}
+        k = max((len(r["loss_by_bucket"]) for r in self.rows), default=0)
+        by = np.full((len(self.rows), k), np.nan)
+        for i, r in enumerate(self.rows):
+            by[i, : len(r["loss_by_bucket"])] = r["loss_by_bucket"]
+        out["loss_by_bucket"] = by
+        return out
+
+    def table(self) -> pa.Table:
+        cols = {c: [r[c] for r in self.rows] for c in (*EVAL_COLUMNS, "seconds")}
+        t = {c: pa.array(v, _TYPES.get(c, pa.float64())) for c, v in cols.items()}
+        t["loss_by_bucket"] = pa.array(
+            [r["loss_by_bucket"] for r in self.rows], pa.list_(pa.float64())
+        )
+        return pa.table(t)
+
+    def write(self, directory: str) -> None:
+        pq.write_table(self.table(), f"{directory}/{EVAL_FILE}")
+
+    @classmethod
+    def from_table(cls, table: pa.Table) -> EvalHistory:
+        return cls(rows=table.to_pylist())
+
+    @classmethod
+    def read_dir(cls, directory: str) -> EvalHistory:
+        """The evaluations in a local checkpoint directory; empty when it has none."""
+        try:
+            return cls.from_table(pq.read_table(f"{directory}/{EVAL_FILE}"))
+        except FileNotFoundError:
+            return cls()
+
+
+def read_evals(fs: pafs.FileSystem, checkpoint_path: str) -> EvalHistory:
+    """The evaluations stored in a checkpoint on any pyarrow filesystem."""
+    try:
+        with fs.open_input_file(f"{checkpoint_path.rstrip('/')}/{EVAL_FILE}") as f:
+            return EvalHistory.from_table(pq.read_table(f))
+    except FileNotFoundError:
+        return EvalHistory()

@@ -263,6 +263,7 @@ def _run_leased(
     note = truncation_note(index)
     if note:
         print(f"[bucketray] {note}", flush=True)
+    held_out = _held_out(cfg, data)
     rows = RowCache.for_run(cfg, index, warn=True)
     print(
         f"[bucketray] {rows.describe() if rows else 'row cache off (data.row_cache)'}", flush=True
@@ -282,7 +283,8 @@ def _run_leased(
         cfg, data, plan, name=feeder_name, world_size=fixed_world_size(cfg), at=at
     )
     try:
-        result = _fit(cfg, _loop_inputs(cfg, feeder_name, edges, steps, epochs, files), flag)
+        inputs = _loop_inputs(cfg, feeder_name, edges, steps, epochs, files, held_out)
+        result = _fit(cfg, inputs, flag)
     finally:
         ray.kill(feeder)
         ray.kill(flag)
@@ -322,6 +324,20 @@ def _draw_picture(cfg: RunConfig) -> str | None:
         return None
 
 
+def _held_out(cfg: RunConfig, data: RunData) -> list:
+    """[ObjectRef of the run's held-out set] for the workers (read and checked here, once), or
+    [] without an `eval:` section."""
+    if cfg.eval is None:
+        return []
+    import ray
+
+    from pipeline.data.evalset import load_eval_set
+
+    held_out = load_eval_set(cfg, data.index)
+    print(f"[bucketray] {held_out.describe()}", flush=True)
+    return [ray.put(held_out)]
+
+
 def _loop_inputs(
     cfg: RunConfig,
     feeder: str,
@@ -329,6 +345,7 @@ def _loop_inputs(
     steps: list[int],
     epochs: list[dict],
     data_files: dict,
+    eval_set: list | None = None,
 ):
     wandb_dir = cfg.wandb.dir or (run_dir(cfg) if "://" not in run_dir(cfg) else "wandb")
     return LoopInputs(
@@ -339,6 +356,7 @@ def _loop_inputs(
         epochs=epochs,
         wandb_dir=str(Path(wandb_dir).absolute()) if "://" not in wandb_dir else "wandb",
         data_files=data_files,
+        eval_set=list(eval_set or []),
     )
 
 

@@ -14,7 +14,7 @@ from pipeline.learn.checkpoint import CheckpointStorageError, load_checkpoint
 from pipeline.learn.logger import make_logger
 from pipeline.train.console import run_warnings_as_lines
 from pipeline.train.faults import FAIL_AT_STEP_ENV, FAIL_MARKER_ENV, FAIL_RANK_ENV
-from pipeline.train.history import StepHistory
+from pipeline.train.history import EvalHistory, StepHistory
 from pipeline.train.progress import SampleRecorder
 from pipeline.train.step import GroupStats, train_group
 from pipeline.train.stop import stop_flag_name, stop_poller
@@ -44,6 +44,8 @@ class LoopInputs:
     epochs: list[dict]  # per epoch: {"hash": plan hash, "metrics": {"epoch/...": ...}}
     wandb_dir: str
     data_files: dict = field(default_factory=dict)  # per-shard digests (pipeline.core.manifest)
+    # [ObjectRef of the held-out EvalSet] (a list: Ray does not dereference it); [] without eval
+    eval_set: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -135,17 +137,27 @@ def train_loop(config: dict) -> None:
     )
     # Rank 0 asks the driver's stop flag; every rank joins the all-reduce that makes it unanimous.
     stop = stop_poller(stop_flag_name(cfg.checkpoint.run_name)) if rank == 0 else (lambda: False)
+    eval_batches = None
+    if cfg.eval is not None and inp.eval_set:
+        from pipeline.data.evalset import rank_eval_batches
+
+        held_out = ray.get(inp.eval_set[0])
+        eval_batches = rank_eval_batches(
+            cfg, held_out, top=inp.edges[-1], rank=rank, world_size=world
+        )
     trainer = Trainer(
         cfg,
         spec,
         save=partial(_report, storage_path=cfg.checkpoint.storage_path),
         recorder=SampleRecorder(cfg.train.record_sample_ids, rank),
         stop=stop,
+        eval_batches=eval_batches,
     )
     ckpt = ray.train.get_checkpoint()
     if ckpt is not None:
         with ckpt.as_directory() as d:
-            trainer.resume(load_checkpoint(d, rank=rank), StepHistory.read_dir(d))
+            state = load_checkpoint(d, rank=rank)
+            trainer.resume(state, StepHistory.read_dir(d), EvalHistory.read_dir(d))
     else:
         trainer.resume(None)
     logger = make_logger(

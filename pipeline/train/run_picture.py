@@ -2,7 +2,9 @@
 
 Five panels answer the question a loss curve under bucketed batches raises -- do its jumps mean
 anything? -- and show what the pipeline costs: the raw step loss (each step coloured by its
-bucket) against the bucket-debiased loss, each bucket's own loss over the run, the learning rate,
+bucket) against the bucket-debiased loss and, with an `eval:` section, the held-out loss (the
+answer that does not depend on which bucket the last batch came from), each bucket's own loss over
+the run (and its held-out loss), the learning rate,
 padding efficiency and real tokens per second. A sixth panel states the run in numbers, among
 them the readability ratio: the variance of the step-to-step change of the debiased loss over
 that of the raw loss (below 1: the debiased curve is the steadier one to read).
@@ -19,7 +21,13 @@ import os
 import numpy as np
 
 from pipeline.core.metrics import readability_ratio
-from pipeline.train.history import HISTORY_FILE, StepHistory, read_history
+from pipeline.train.history import (
+    HISTORY_FILE,
+    EvalHistory,
+    StepHistory,
+    read_evals,
+    read_history,
+)
 
 __all__ = ["PICTURE_FILE", "readability", "draw_history", "draw_run", "default_picture_path"]
 
@@ -92,8 +100,10 @@ def draw_history(
     *,
     title: str = "",
     edges: list[int] | None = None,
+    evals: EvalHistory | None = None,
 ) -> str:
-    """Write the run's PNG to `path` (a local file); returns `path`."""
+    """Write the run's PNG to `path` (a local file); returns `path`. With `evals`, the held-out
+    loss is drawn over the training curves, and each bucket's held-out loss over its own."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display on clusters or in CI
@@ -116,7 +126,15 @@ def draw_history(
     ax_loss.scatter(
         step, loss, c=bucket, cmap=cmap, vmin=0, vmax=n_buckets - 1, s=9, lw=0, zorder=3
     )
-    ax_loss.set_title("loss per step: raw (dots coloured by bucket) and debiased")
+    ev = evals.arrays() if evals is not None and len(evals) else None
+    if ev is not None:
+        ax_loss.plot(
+            ev["step"], ev["loss"], color="#000000", lw=1.6, marker="o", ms=4, zorder=4,
+            label="held-out loss",
+        )  # fmt: skip
+        _clip_to_training(ax_loss, loss, ev["loss"])
+    held = ", held-out" if ev is not None else ""
+    ax_loss.set_title(f"loss: raw (dots by bucket), debiased{held}")
     ax_loss.set_xlabel("global step")
     ax_loss.set_ylabel("loss (nats per supervised token)")
     ax_loss.legend(loc="upper right", fontsize=8)
@@ -125,7 +143,12 @@ def draw_history(
         curve = _bucket_curves(step, bucket, loss, k)
         if curve is not None:
             ax_bucket.plot(*curve, color=cmap(k), lw=1.0)
-    ax_bucket.set_title("loss of each bucket over its own steps (smoothed)")
+        if ev is not None and k < ev["loss_by_bucket"].shape[1]:
+            ax_bucket.plot(
+                ev["step"], ev["loss_by_bucket"][:, k], color=cmap(k), lw=0, marker="o", ms=3
+            )
+    held = "; held-out: dots" if ev is not None else ""
+    ax_bucket.set_title(f"each bucket's loss over its own steps{held}")
     ax_bucket.set_xlabel("global step")
     sm = plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(-0.5, n_buckets - 0.5))
     bar = fig.colorbar(sm, ax=ax_bucket, pad=0.01)
@@ -167,6 +190,7 @@ def draw_history(
         f"loss: first 10 steps {np.mean(first):.3f}, last 10 {np.mean(last):.3f}",
         f"padding efficiency {total_eff:.3f}",
         f"median {np.nanmedian(tps) / 1e3:.1f} Ktok/s, {secs.sum() / 60:.1f} min of steps",
+        *_eval_lines(ev),
         "",
         "step-to-step variance, debiased / raw",
         f"(after the first quarter): {ratio:.2f}",
@@ -183,6 +207,30 @@ def draw_history(
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
+
+
+def _clip_to_training(ax, loss: np.ndarray, held: np.ndarray) -> None:
+    """Keep the y axis on the training curves' range (plus the held-out points): a step-0
+    evaluation of the untrained model would otherwise squash every curve."""
+    finite = loss[np.isfinite(loss)]
+    if finite.size == 0:
+        return
+    late = held[1:] if held.size > 1 else held
+    lo = float(min(np.nanmin(finite), np.nanmin(late) if late.size else np.inf))
+    hi = float(np.nanpercentile(finite, 99))
+    pad = 0.05 * max(hi - lo, 1e-3)
+    ax.set_ylim(lo - pad, hi + pad)
+
+
+def _eval_lines(ev: dict | None) -> list[str]:
+    if ev is None:
+        return ["held-out loss: no eval section"]
+    steps, loss = ev["step"].astype(int), ev["loss"]
+    return [
+        f"held-out loss, {len(steps)} evaluations of",
+        f"  {int(ev['samples'][-1]):,} samples: {loss[0]:.3f} at step {steps[0]},",
+        f"  {loss[-1]:.3f} at step {steps[-1]} (best {np.nanmin(loss):.3f})",
+    ]
 
 
 def _wrap_edges(edges: list[int], width: int = 40) -> str:
@@ -221,4 +269,6 @@ def draw_run(run_dir: str, out: str | None = None) -> str:
         )
     edges = position.global_batch.get("buckets.edges")
     name = run_dir.rstrip("/").rsplit("/", 1)[-1]
-    return draw_history(history, out or default_picture_path(run_dir), title=name, edges=edges)
+    evals = read_evals(fs, path)
+    out = out or default_picture_path(run_dir)
+    return draw_history(history, out, title=name, edges=edges, evals=evals)

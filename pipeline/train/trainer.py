@@ -34,6 +34,7 @@ from pipeline.learn.checkpoint import (
     global_batch_definition,
     rng_state,
     save_checkpoint,
+    save_run_config,
     set_rng_state,
 )
 from pipeline.learn.logger import MetricLogger, NullLogger, run_id_for
@@ -41,8 +42,9 @@ from pipeline.learn.loss import NonFiniteGuard
 from pipeline.learn.model_check import ModelBuildError, build_model_or_refuse
 from pipeline.learn.optim import build_optimizer, build_scheduler
 from pipeline.learn.packed_attention import require_packed_support
+from pipeline.train.evaluation import EvalBatchesFn, Evaluator, eval_line
 from pipeline.train.faults import maybe_fail
-from pipeline.train.history import StepHistory
+from pipeline.train.history import EvalHistory, StepHistory
 from pipeline.train.progress import (
     SampleRecorder,
     Window,
@@ -124,6 +126,7 @@ class Trainer:
         save: SaveFn,
         recorder: SampleRecorder | None = None,
         stop: Callable[[], bool] | None = None,
+        eval_batches: EvalBatchesFn | None = None,
     ):
         self.cfg, self.spec, self.save, self.stop = cfg, spec, save, stop
         self.recorder = recorder or SampleRecorder(None, spec.rank)
@@ -141,6 +144,11 @@ class Trainer:
                 require_packed_support(self.model)
             except ValueError as e:  # a ConfigError: Ray Train raises it at once, no retries
                 raise ModelBuildError(str(e)) from None
+        self.evaluator = None  # held-out evaluation (cfg.eval), over this rank's eval_batches()
+        if cfg.eval is not None and eval_batches is not None:
+            self.evaluator = Evaluator(
+                cfg.eval, eval_batches, edges=spec.edges, device=spec.device, bf16=self.bf16
+            )
         self.optimizer = build_optimizer(self.model, t)
         self.scheduler = build_scheduler(self.optimizer, t, length.optimizer_steps)
         self.tracker = BucketLossTracker(len(spec.edges) - 1)
@@ -157,6 +165,7 @@ class Trainer:
         self.ddp = self.model  # wrapped in DDP by fit() under a process group
         self.lr = self.grad_norm = self.debiased = float("nan")  # of the last step
         self.history = StepHistory()  # rank 0's record of every global step, saved in checkpoints
+        self.evals = EvalHistory()  # every held-out evaluation, saved in checkpoints
         self.last_step_end = time.perf_counter()
 
     def steps_in(self, epoch: int) -> int:
@@ -165,9 +174,14 @@ class Trainer:
         return planned[epoch] if epoch < len(planned) else 0
 
     # ---- resume (contract 7)
-    def resume(self, state: TrainState | None, history: StepHistory | None = None) -> None:
+    def resume(
+        self,
+        state: TrainState | None,
+        history: StepHistory | None = None,
+        evals: EvalHistory | None = None,
+    ) -> None:
         """Continue from `state` (this rank's view of the latest checkpoint) and the step history
-        saved with it, or start fresh."""
+        and evaluations saved with it, or start fresh."""
         spec = self.spec
         if state is None:
             seed_worker(self.cfg.train.seed, spec.rank, 0)
@@ -192,6 +206,9 @@ class Trainer:
         if history is not None:
             history.truncate(p.steps_done)
             self.history = history
+        if evals is not None:
+            evals.truncate(p.steps_done)
+            self.evals = evals
         if state.rng is not None and p.world_size == spec.world:
             set_rng_state(state.rng)
         else:
@@ -223,6 +240,10 @@ class Trainer:
         self.run_t0, self.run_steps0 = time.perf_counter(), self.steps_done
         self.last_step_end = self.run_t0
         status = "done"
+        e = self.cfg.eval
+        first = self.steps_done == 0 and 0 not in self.evals.steps()
+        if self.evaluator is not None and e.at_start and first:
+            self.evaluate(self.position.epoch)
         try:
             for epoch in range(self.position.epoch, self.cfg.train.epochs):
                 if self.steps_done >= self.total_steps:
@@ -256,6 +277,7 @@ class Trainer:
             stats = self.step(group, epoch, wait_s)
             self.maybe_log(stats, before, epoch)
             last_step = stats.steps[-1]
+            self.maybe_evaluate(before, epoch, epoch_end=last_step == S - 1)
             stop = self.stop_requested()
             self.maybe_checkpoint(before, epoch, last_step + 1, stop=stop)
             maybe_fail(self.steps_done, self.spec.rank)
@@ -350,6 +372,28 @@ class Trainer:
             print(line, flush=True)
         self.window.reset()
 
+    def maybe_evaluate(self, before: int, epoch: int, *, epoch_end: bool) -> None:
+        """Evaluate on the held-out set where `eval:` asks, after the step's log and before its
+        checkpoint (so a checkpoint holds the evaluations of its own step)."""
+        if self.evaluator is None or self.cfg.eval is None:
+            return
+        run_end = self.steps_done == self.total_steps
+        if self.cfg.eval.due(before, self.steps_done, epoch_end=epoch_end, run_end=run_end):
+            self.evaluate(epoch)
+
+    def evaluate(self, epoch: int) -> dict[str, float]:
+        """One held-out evaluation of the current weights on every rank: recorded, logged and,
+        on rank 0, printed. Its time counts neither as a step's nor in tokens per second."""
+        m = self.evaluator.run(self.model)
+        done, secs = self.steps_done, m["eval/seconds"]
+        self.evals.append(done, epoch, m, self.evaluator.num_buckets, secs)
+        self.logger.log(m, step=done)
+        if self.spec.rank == 0:
+            print(eval_line(done, epoch, m), flush=True)
+        self.window.t0 += secs
+        self.last_step_end += secs
+        return m
+
     def stop_requested(self) -> bool:
         """Whether any rank was asked to stop: all ranks all-reduce it, so all stop together."""
         if self.stop is None:
@@ -411,6 +455,8 @@ class Trainer:
         with tempfile.TemporaryDirectory(prefix="bucketray-ckpt-") as d:
             if self.spec.rank == 0:
                 self.history.write(d)
+                self.evals.write(d)
+                save_run_config(d, self.cfg)
             save_checkpoint(d, state, rank=self.spec.rank)
             self.save(d, metrics, f"checkpoint_step{done:08d}")
         self.logger.log({"checkpoint/save_s": time.perf_counter() - t0}, step=done)

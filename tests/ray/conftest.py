@@ -53,14 +53,15 @@ def cluster(_shutdown_ray_at_exit):
 @pytest.fixture(scope="session")
 def tiny_run(_shutdown_ray_at_exit, tmp_path_factory):
     """The tiny run (`tests.helpers.tiny_raw`: 2 epochs, 2 workers) trained once per session,
-    with its metrics and every trained sample id recorded: `test_train_e2e` checks the run,
+    with a held-out evaluation every 10 steps and at each epoch end, its metrics and every
+    trained sample id recorded: `test_train_e2e` checks the run,
     `test_resume` compares a failed and restarted run with it. Returns (cfg, summary, metrics
     as a list of dicts, its tmp dir)."""
     import json
 
     from pipeline.core.config import validate
     from pipeline.train.launch import run
-    from tests.helpers import tiny_raw
+    from tests.helpers import tiny_raw, write_held_out
 
     if not ray.is_initialized():
         start_local_ray()
@@ -73,6 +74,7 @@ def tiny_run(_shutdown_ray_at_exit, tmp_path_factory):
                 "record_sample_ids": str(tmp / "ids"),
             },
             checkpoint={"run_name": "e2e"},
+            eval={"path": write_held_out(tmp / "held_out"), "every_steps": 10},
         )
     )
     summary = run(cfg)

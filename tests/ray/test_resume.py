@@ -14,6 +14,7 @@ import torch
 
 from pipeline.core.config import validate
 from pipeline.learn.checkpoint import load_checkpoint
+from pipeline.train.history import EvalHistory
 from pipeline.train.launch import run
 from pipeline.train.loop import FAIL_AT_STEP_ENV, FAIL_MARKER_ENV
 from pipeline.train.stop import create_stop_flag, request_stop, stop_flag_name
@@ -40,7 +41,7 @@ def _trained(records: list[dict]) -> dict:
 def test_contract7_restart_after_failure_trains_the_same_batches_and_weights(
     cluster, tiny_run, tmp_path, monkeypatch
 ):
-    _, ref, _, ref_dir = tiny_run  # the same data, model and batches, never interrupted
+    ref_cfg, ref, _, ref_dir = tiny_run  # the same data, model and batches, never interrupted
     failed_dir = tmp_path / "failed"
     monkeypatch.setenv(FAIL_AT_STEP_ENV, str(FAIL_AFTER))
     monkeypatch.setenv(FAIL_MARKER_ENV, str(tmp_path / "failed-once"))
@@ -48,6 +49,7 @@ def test_contract7_restart_after_failure_trains_the_same_batches_and_weights(
         failed_dir,
         train={"record_sample_ids": str(failed_dir / "ids")},
         checkpoint={"run_name": "failed", "every_steps": CHECKPOINT_EVERY, "max_failures": 1},
+        eval=ref_cfg.eval.model_dump(),  # the same held-out set and schedule
     )
     resumed = run(validate(cfg))
 
@@ -74,6 +76,14 @@ def test_contract7_restart_after_failure_trains_the_same_batches_and_weights(
     for k in a.model:
         torch.testing.assert_close(b.model[k], a.model[k], rtol=1e-5, atol=1e-6)
     assert resumed.loss == pytest.approx(ref.loss, rel=1e-5)
+
+    # Held-out evaluations: the one lost with the failure (step 20) is done again, none twice.
+    got, want = (EvalHistory.read_dir(s.checkpoint).arrays() for s in (resumed, ref))
+    assert got["step"].tolist() == want["step"].tolist()
+    assert 20 in got["step"].tolist()
+    torch.testing.assert_close(
+        torch.tensor(got["loss"]), torch.tensor(want["loss"]), rtol=1e-5, atol=1e-6
+    )
 
 
 # A whole run for one step (~25 s): make test-slow. The default suite keeps the trainer's side (every

@@ -13,21 +13,29 @@ from pipeline.core.collate import collate
 from pipeline.core.config import RunConfig
 from pipeline.data.rechunk import MicroBatch
 from pipeline.learn.checkpoint import load_checkpoint
-from pipeline.train.history import StepHistory
+from pipeline.train.history import EvalHistory, StepHistory
 from pipeline.train.trainer import RunSpec, Trainer
 
 STEPS = 6  # global steps per epoch; bucket = step % 2
 EDGES = [0, 16, 32]
 
 
-def config(tmp: Path, **train) -> RunConfig:
+def config(tmp: Path, *, eval: dict | None = None, model: dict | None = None, **train):
     return RunConfig.model_validate(
         {
             "data": {"synthetic": {}},
-            "model": {"vocab_size": 32, "d_model": 16, "n_layers": 1, "n_heads": 2, "d_ff": 32},
+            "model": {
+                "vocab_size": 32,
+                "d_model": 16,
+                "n_layers": 1,
+                "n_heads": 2,
+                "d_ff": 32,
+                **(model or {}),
+            },
             "train": {"epochs": 2, "lr": 1e-2, "warmup_steps": 2, "log_every": 1, **train},
             "checkpoint": {"storage_path": str(tmp / "runs"), "every_steps": 3},
             "wandb": {"mode": "disabled", "dir": str(tmp / "wandb")},
+            "eval": eval,
         }
     )
 
@@ -94,12 +102,21 @@ class Saver:
         names = sorted(p for p in self.root.glob("checkpoint_step*"))
         return StepHistory.read_dir(str(names[-1])) if names else None
 
+    def latest_evals(self) -> EvalHistory | None:
+        names = sorted(p for p in self.root.glob("checkpoint_step*"))
+        return EvalHistory.read_dir(str(names[-1])) if names else None
+
+
+def held_out_batches(n: int = 3):
+    """A fixed held-out set: the same `n` micro-batches on every call."""
+    return lambda: [micro_batch(9, s) for s in range(n)]
+
 
 def trainer(
     tmp: Path, cfg: RunConfig, saver: Saver, rank=0, world=1, planned=(STEPS, STEPS), **kw
 ) -> Trainer:
     t = Trainer(cfg, spec(tmp, rank, world, planned), save=saver, **kw)
-    t.resume(saver.latest(rank), saver.latest_history())
+    t.resume(saver.latest(rank), saver.latest_history(), saver.latest_evals())
     return t
 
 

@@ -1,0 +1,492 @@
+"""The outcome: does a batching policy train a better model per hour? Held-out loss on real text.
+
+Every other figure in BENCHMARKS.md is a proxy (padding, recomposition, tokens/s); this one is
+what a batching policy is bought for. The corpus is this Python's standard library split into
+definitions (`pystdlib`, byte tokens, cut at the demo's 512), with 7% of the source FILES held
+out (no held-out definition repeats a training one); the model, optimiser and budget are the
+demo's (`configs/local.yaml`). Two questions, answered apart:
+
+1. At equal optimisation: `batching.mode=fixed` (the same samples per step, the same number of
+   steps and the same schedule for every policy; packed rows take the rows per step that hold
+   as many real tokens), so only the composition of the batches differs. The held-out loss
+   after `epochs` epochs, mean and spread over seeds.
+2. At equal time: each policy as it would run (the demo's padded-token budget; packed rows of
+   2,048 tokens, 8 per step), trained for as many steps as it fits in the time sorted-static
+   takes for `epochs` epochs, its schedule ending there. The time of a step is its real tokens
+   times the policy's seconds per real token, measured in one run on this machine: full
+   training steps (forward, backward, clipping, AdamW) of every policy's own micro-batches,
+   the policies taking turns step by step, the median over rounds.
+
+Training runs in one process through the real planner, collation and `Trainer` (no Ray, one
+rank): the loss curves are a deterministic function of the seed, whatever the machine's load.
+The held-out loss is evaluated every `eval_every` global steps: every held-out sample once,
+token-weighted, fp32 (`pipeline.core.evaluation`). Results go to a JSON file, written after
+every run, so an interrupted benchmark continues where it stopped.
+
+    python -m bench.outcome --out benchmarks/outcome.json [--seeds 0,1,2] [--epochs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import io
+import json
+import os
+import platform
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from bench.training import scaled_edges
+from pipeline.core.config import RunConfig, load_config
+from pipeline.core.epochs import epoch_plan_for, resolve_edges
+from pipeline.data.evalset import EvalSet, rank_eval_batches
+from pipeline.data.textcorpus import write_text_corpus
+
+__all__ = [
+    "POLICIES",
+    "Corpus",
+    "equal_time_steps",
+    "load_corpus",
+    "main",
+    "policy_config",
+    "summarize",
+]
+
+DEMO_CONFIG = "configs/local.yaml"
+HELDOUT = 0.07
+# name -> overrides of the demo config; the first is the time reference.
+POLICIES = {
+    "sorted": ["plan.policy=sorted", "buckets.edges=[0,{top}]"],
+    "random": ["plan.policy=random", "buckets.edges=[0,{top}]"],
+    "megabatch": ["plan.policy=megabatch", "buckets.edges=[0,{top}]"],
+    "sorted_ascending": ["plan.policy=sorted_ascending", "buckets.edges=[0,{top}]"],
+    "team": ["buckets.edges={team}"],
+    "bucketed": [],  # the demo's default: 8 optimal buckets
+    "auto": ["buckets.num_buckets=auto"],
+    "packed": [
+        "batching.mode=packed",
+        "batching.row_tokens=2048",
+        "batching.rows_per_step=8",
+        "buckets.num_buckets=auto",
+    ],
+}
+LABELS = {
+    "sorted": "sorted-static (fixed batches, order shuffled)",
+    "random": "random",
+    "megabatch": "megabatch (HF group_by_length)",
+    "sorted_ascending": "sorted, shortest first every epoch",
+    "team": "team's six edges (scaled)",
+    "bucketed": "bucketed, 8 optimal edges (demo default)",
+    "auto": "bucketed, auto edges",
+    "packed": "packed rows (2,048 x 8)",
+}
+
+
+@dataclass(frozen=True, eq=False)
+class Corpus:
+    """The training rows (ids ascending, cut at the top edge) and the held-out set."""
+
+    sample_ids: np.ndarray
+    lengths: np.ndarray
+    table: pa.Table  # sample_id, input_ids: one row per sample, in sample_ids order
+    held_out: EvalSet
+    top: int
+    summary: dict
+
+
+def _read_split(root: Path, split: str, top: int) -> tuple[np.ndarray, np.ndarray, pa.Table]:
+    t = pa.concat_tables(pq.read_table(p) for p in sorted(root.glob(f"{split}-*.parquet")))
+    t = t.take(pa.array(np.argsort(t["sample_id"].to_numpy(), kind="stable")))
+    col = t["input_ids"].combine_chunks()
+    offsets = col.offsets.to_numpy().astype(np.int64)
+    values = col.values.to_numpy()
+    lens = np.minimum(np.diff(offsets), top)  # data.over_length=truncate
+    keep = np.concatenate([[0], np.cumsum(lens)])
+    idx = np.repeat(offsets[:-1] - keep[:-1], lens) + np.arange(int(keep[-1]))
+    ids = t["sample_id"].to_numpy().astype(np.int64)
+    table = pa.table(
+        {
+            "sample_id": pa.array(ids),
+            "input_ids": pa.LargeListArray.from_arrays(
+                pa.array(keep), pa.array(values[idx].astype(np.int32))
+            ),
+        }
+    )
+    return ids, lens.astype(np.int64), table
+
+
+def load_corpus(work: Path, num_samples: int, top: int) -> Corpus:
+    """The stdlib corpus with held-out source files, written under `work` on first use."""
+    root = work / "corpus"
+    summary = write_text_corpus(
+        root, max_samples=num_samples, heldout=HELDOUT, seed=0, progress=False
+    )
+    ids, lens, table = _read_split(root, "train", top)
+    hids, hlens, htable = _read_split(root, "validation", top)
+    held = EvalSet(str(root), hids, hlens, htable, supervision="")
+    keep = ("samples", "train_samples", "heldout_samples", "heldout_duplicates_dropped", "python")
+    return Corpus(ids, lens, table, held, top, {k: summary.get(k) for k in keep})
+
+
+def policy_config(
+    name: str, *, question: str, corpus: Corpus, seed: int, epochs: int, eval_every: int,
+    batch_size: int, max_steps: int | None = None,
+) -> RunConfig:  # fmt: skip
+    """The demo config with the policy's overrides, for `question` ("time" or "optimisation")."""
+    top = corpus.top
+    per = [o.format(top=top, team=str(scaled_edges(top)).replace(" ", "")) for o in POLICIES[name]]
+    shared = [
+        f"data.path={corpus.held_out.path}",  # not read: the rows are in memory
+        "data.split=train",
+        f"data.max_length={top}",
+        f"train.epochs={epochs}",
+        f"train.max_steps={'null' if max_steps is None else max_steps}",
+        f"train.seed={seed}",
+        f"plan.seed={seed}",
+        "train.log_every=1000000",
+        "wandb.mode=disabled",
+        "checkpoint.every_steps=null",
+        "scaling.num_workers=1",
+        "eval.split=validation",
+        f"eval.every_steps={eval_every}",
+    ]
+    if question == "optimisation" and name != "packed":
+        shared += ["batching.mode=fixed", f"batching.batch_size={batch_size}"]
+    return load_config(DEMO_CONFIG, shared + per)
+
+
+def _plans(cfg: RunConfig, corpus: Corpus, edges):
+    index = _Index(corpus.lengths, corpus.sample_ids)
+    return [epoch_plan_for(cfg, index, edges, e, 1) for e in range(cfg.train.epochs)]
+
+
+@dataclass(frozen=True)
+class _Index:
+    lengths: np.ndarray
+    sample_ids: np.ndarray
+
+
+def _batches(cfg: RunConfig, corpus: Corpus, plans):
+    from pipeline.data.rechunk import deliver
+
+    def batches(epoch: int, start: int):
+        view = plans[epoch].slice(start).rank_view(0)
+        rows = np.searchsorted(corpus.sample_ids, view.sample_ids)
+        part = corpus.table.take(pa.array(rows, pa.int64()))
+        return deliver(
+            view, [part], epoch=epoch, pad_to_multiple_of=cfg.batching.pad_to_multiple_of
+        )
+
+    return batches
+
+
+def train_run(cfg: RunConfig, corpus: Corpus) -> dict:
+    """One training run in this process; its step history and held-out evaluations."""
+    import torch
+
+    from pipeline.learn.logger import NullLogger
+    from pipeline.train.trainer import RunSpec, Trainer
+
+    edges = [int(e) for e in resolve_edges(cfg, corpus.lengths)]
+    plans = _plans(cfg, corpus, edges)
+    with tempfile.TemporaryDirectory(prefix="bucketray-outcome-") as d:
+        spec = RunSpec(
+            rank=0,
+            world=1,
+            device=torch.device("cpu"),
+            edges=edges,
+            steps_per_epoch=[p.num_steps for p in plans],
+            epochs=[{"hash": p.content_hash, "metrics": {}} for p in plans],
+            run_dir=d,
+        )
+        held = rank_eval_batches(cfg, corpus.held_out, top=edges[-1], rank=0, world_size=1)
+        t = Trainer(cfg, spec, save=lambda *a: None, eval_batches=held)
+        t.resume(None)
+        t0 = time.perf_counter()
+        with contextlib.redirect_stdout(io.StringIO()):
+            t.fit(_batches(cfg, corpus, plans), NullLogger())
+        wall = time.perf_counter() - t0
+    h, ev = t.history.arrays(), t.evals.arrays()
+    real = np.cumsum(h["real"])
+    at = np.concatenate([[0.0], real])[ev["step"].astype(int)]
+    return {
+        "edges": edges,
+        "steps": int(t.steps_done),
+        "steps_per_epoch": spec.steps_per_epoch,
+        "wall_s": wall,
+        "real_tokens": float(real[-1]),
+        "padded_tokens": float(h["padded"].sum()),
+        "eval": {
+            "step": ev["step"].astype(int).tolist(),
+            "real_tokens": at.tolist(),
+            "loss": ev["loss"].tolist(),
+            "loss_per_sample": ev["loss_per_sample"].tolist(),
+            "accuracy": ev["accuracy"].tolist(),
+        },
+        "step_real": h["real"].tolist(),
+        "train_loss": h["loss"].tolist(),
+    }
+
+
+def measure_throughput(
+    configs: dict[str, RunConfig], corpus: Corpus, *, steps: int = 16, rounds: int = 3
+) -> dict:
+    """Seconds per real token of each policy's full training steps on its own epoch-0
+    micro-batches (`steps` of them, spread evenly over the epoch), the policies taking turns
+    step by step, `rounds` times; per round and the median."""
+    import torch
+
+    from pipeline.learn.factory import build_model
+    from pipeline.learn.optim import build_optimizer
+    from pipeline.train.step import train_group
+
+    work = {}
+    for name, cfg in configs.items():
+        edges = [int(e) for e in resolve_edges(cfg, corpus.lengths)]
+        plan = _plans(cfg, corpus, edges)[0]
+        every = max(1, plan.num_steps // steps)
+        mbs = list(_batches(cfg, corpus, [plan])(0, 0))[::every][:steps]
+        torch.manual_seed(0)
+        model = build_model(cfg.model, max_positions=edges[-1])
+        work[name] = (model, build_optimizer(model, cfg.train), mbs)
+    per_round = {n: [] for n in work}
+    cpu = torch.device("cpu")
+    for r in range(rounds):
+        spent = {n: 0.0 for n in work}
+        real = {n: 0 for n in work}
+        names = list(work)
+        for i in range(steps):
+            for n in names[r % len(names) :] + names[: r % len(names)]:
+                model, opt, mbs = work[n]
+                if i >= len(mbs):
+                    continue
+                t0 = time.perf_counter()
+                train_group(model, [mbs[i]], device=cpu, world_size=1)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                spent[n] += time.perf_counter() - t0
+                real[n] += mbs[i].num_real_tokens
+        for n in work:
+            per_round[n].append(spent[n] / max(real[n], 1))
+    # Ratios within a round cancel the machine's slow phases; the absolute rate is the median
+    # of the first policy's (the time reference's) rounds.
+    ref = np.asarray(per_round[names[0]])
+    out = {}
+    for n, v in per_round.items():
+        ratio = np.asarray(v) / ref
+        out[n] = {
+            "s_per_real_token": float(np.median(ref) * np.median(ratio)),
+            "rounds": v,
+            "ratio_to_reference": ratio.tolist(),
+        }
+    return out
+
+
+def equal_time_steps(step_real: list[float], s_per_token: float, budget_s: float) -> int:
+    """How many of a run's planned steps (real tokens each) fit in `budget_s` seconds."""
+    t = np.cumsum(np.asarray(step_real, dtype=np.float64)) * s_per_token
+    return int(np.searchsorted(t, budget_s * (1 + 1e-9), side="right"))
+
+
+def _planned_step_real(cfg: RunConfig, corpus: Corpus) -> list[float]:
+    edges = [int(e) for e in resolve_edges(cfg, corpus.lengths)]
+    out: list[float] = []
+    for p in _plans(cfg, corpus, edges):
+        out += np.add.reduceat(p.lengths, p.step_offsets[:-1]).astype(float).tolist()
+    return out
+
+
+def summarize(results: dict) -> dict:
+    """Per question and policy: the final held-out loss (mean, spread = max - min over seeds,
+    each seed's), and at equal time the time each seed took to reach sorted-static's mean
+    final held-out loss (None: not within the budget)."""
+    out: dict = {}
+    for q, runs in results.get("runs", {}).items():
+        table = {}
+        for name, by_seed in runs.items():
+            final = [r["eval"]["loss"][-1] for r in by_seed.values()]
+            per_sample = [r["eval"]["loss_per_sample"][-1] for r in by_seed.values()]
+            table[name] = {
+                "seeds": sorted(by_seed),
+                "loss": final,
+                "mean": float(np.mean(final)),
+                "spread": float(np.max(final) - np.min(final)),
+                "loss_per_sample_mean": float(np.mean(per_sample)),
+                "steps": [r["steps"] for r in by_seed.values()],
+                "real_tokens": float(np.mean([r["real_tokens"] for r in by_seed.values()])),
+            }
+        out[q] = table
+    tp = results.get("throughput")
+    if tp and "time" in out and "sorted" in out["time"]:
+        target = out["time"]["sorted"]["mean"]
+        for name, by_seed in results["runs"]["time"].items():
+            rate = tp[name]["s_per_real_token"]
+            reach = []
+            for r in by_seed.values():
+                ev = r["eval"]
+                hit = [t for t, loss in zip(ev["real_tokens"], ev["loss"], strict=True)
+                       if loss <= target]  # fmt: skip
+                reach.append(hit[0] * rate if hit else None)
+            out["time"][name]["time_to_sorted_loss_s"] = reach
+    return out
+
+
+@contextlib.contextmanager
+def _threads(n: int):
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+_CORPUS: Corpus | None = None
+
+
+def _worker_init(work: str, samples: int) -> None:
+    """A run process: one torch thread (as a Ray worker with one CPU), the corpus loaded once."""
+    import torch
+
+    global _CORPUS
+    torch.set_num_threads(1)
+    _CORPUS = load_corpus(Path(work), samples, 512)
+
+
+def _worker_run(cfg_json: dict) -> dict:
+    return train_run(RunConfig.model_validate(cfg_json), _CORPUS)
+
+
+def _run_all(tasks, *, corpus_args, jobs: int, results: dict, out: Path) -> None:
+    """Every (question, policy, seed, config) in `tasks`, `jobs` processes at a time, each
+    result saved as it arrives."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    if not tasks:
+        return
+    print(f"outcome: {len(tasks)} training runs, {jobs} at a time", flush=True)
+    t0 = time.perf_counter()
+    ctx = mp.get_context("spawn")
+    with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_worker_init,
+                             initargs=corpus_args) as pool:  # fmt: skip
+        futs = {
+            pool.submit(_worker_run, c.model_dump(mode="json")): (q, n, s) for q, n, s, c in tasks
+        }
+        for i, f in enumerate(as_completed(futs), 1):
+            q, name, seed = futs[f]
+            r = f.result()
+            results["runs"].setdefault(q, {}).setdefault(name, {})[str(seed)] = r
+            _save(out, results)
+            print(
+                f"outcome: [{i}/{len(tasks)}] {q} {name} seed {seed}: {r['steps']} steps, "
+                f"held-out loss {r['eval']['loss'][-1]:.4f} ({r['wall_s']:.0f} s; "
+                f"{(time.perf_counter() - t0) / 60:.0f} min so far)",
+                flush=True,
+            )
+
+
+def _machine() -> str:
+    return f"{platform.machine()}, {os.cpu_count()} CPU cores, {platform.python_version()}"
+
+
+def _save(path: Path, results: dict) -> None:
+    results["summary"] = summarize(results)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(results, indent=1))
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="benchmarks/outcome.json")
+    ap.add_argument("--work", default="out/outcome")
+    ap.add_argument("--samples", type=int, default=6000)
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--eval-every", type=int, default=25)
+    ap.add_argument("--batch-size", type=int, default=64, help="question 1: samples per step")
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--questions", default="optimisation,time")
+    ap.add_argument("--throughput-rounds", type=int, default=5)
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="runs at once")
+    args = ap.parse_args(argv)
+
+    out, work = Path(args.out), Path(args.work)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    results = json.loads(out.read_text()) if out.is_file() else {}
+    corpus = load_corpus(work, args.samples, 512)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    policies = args.policies.split(",")
+    results.update(
+        command="python -m bench.outcome " + " ".join(argv or []),
+        machine=_machine(),
+        corpus=corpus.summary,
+        epochs=args.epochs,
+        eval_every=args.eval_every,
+        batch_size=args.batch_size,
+        heldout_tokens=corpus.held_out.num_tokens,
+    )
+    results.setdefault("runs", {})
+    results.setdefault("date_utc", dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"))
+
+    def cfg(name, q, seed, max_steps=None, epochs=args.epochs):
+        return policy_config(
+            name, question=q, corpus=corpus, seed=seed, epochs=epochs,
+            eval_every=args.eval_every, batch_size=args.batch_size, max_steps=max_steps,
+        )  # fmt: skip
+
+    tasks: list[tuple] = []
+
+    def want(q: str, name: str, seed: int, max_steps=None):
+        if str(seed) not in results["runs"].get(q, {}).get(name, {}):
+            # At equal time a policy faster than sorted-static fits more than `epochs` epochs.
+            epochs = args.epochs * (2 if q == "time" else 1)
+            tasks.append((q, name, seed, cfg(name, q, seed, max_steps, epochs=epochs)))
+
+    questions = args.questions.split(",")
+    if "optimisation" in questions:
+        for seed in seeds:
+            for name in policies:
+                if name != "sorted_ascending":  # a length schedule: measured at equal time
+                    want("optimisation", name, seed)
+    if "time" in questions:
+        if "throughput" not in results:
+            print("outcome: throughput, every policy's steps taking turns", flush=True)
+            with _threads(1):
+                results["throughput"] = measure_throughput(
+                    {n: cfg(n, "time", 0) for n in policies},
+                    corpus,
+                    rounds=args.throughput_rounds,
+                )
+            results["throughput_date_utc"] = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M")
+            _save(out, results)
+        tp = results["throughput"]
+        ref = _planned_step_real(cfg("sorted", "time", 0), corpus)
+        budget = float(np.sum(ref)) * tp["sorted"]["s_per_real_token"]
+        results["time_budget_s"] = budget
+        for seed in seeds:
+            for name in policies:
+                planned = _planned_step_real(
+                    cfg(name, "time", seed, epochs=2 * args.epochs), corpus
+                )
+                steps = equal_time_steps(planned, tp[name]["s_per_real_token"], budget)
+                want("time", name, seed, max_steps=max(steps, 1))
+    _run_all(tasks, corpus_args=(str(work), args.samples), jobs=args.jobs, results=results, out=out)
+    _save(out, results)
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""The `eval:` config section: which held-out data a run evaluates, and when.
+
+Imported through `pipeline.core.config`; the evaluation itself is `pipeline.core.evaluation`
+(the plan and the figures) and `pipeline.learn.evaluate` (the forward passes).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, PositiveInt, model_validator
+
+from pipeline.core.sections import PATH, _Section
+
+__all__ = ["EvalConfig"]
+
+
+class EvalConfig(_Section):
+    """Held-out evaluation: every held-out sample once per evaluation, summed over all ranks."""
+
+    path: str | None = Field(
+        None,
+        json_schema_extra=PATH,
+        description="Held-out parquet shards (a directory or URI, checked like data.path). "
+        "Give this or eval.split.",
+    )
+    split: str | None = Field(
+        None,
+        description="Held-out files beside the training data: this split's files (e.g. "
+        "`validation`) under data.path, or the synthetic corpus's held-out split.",
+    )
+    every_steps: PositiveInt | None = Field(
+        None, description="Evaluate every N GLOBAL steps (null: only at the points below)."
+    )
+    at_start: bool = Field(False, description="Evaluate the initial model before step 1.")
+    at_epoch_end: bool = Field(True, description="Evaluate after the last step of each epoch.")
+    at_end: bool = Field(True, description="Evaluate after the run's last step.")
+    max_samples: PositiveInt | None = Field(
+        None, description="Evaluate a fixed subset of this many held-out samples (null: all)."
+    )
+    token_budget: PositiveInt | None = Field(
+        None,
+        description="Padded tokens per evaluation batch, all ranks together (null: the "
+        "training step's: batching.token_budget, batch_size x top edge, or a packed step's rows).",
+    )
+    on_overlap: Literal["error", "drop"] = Field(
+        "error",
+        description="Held-out samples also in the training data (same sample id, or the same "
+        "tokens): stop naming the count, or drop them from the held-out set with a warning.",
+    )
+    mode: Literal["inline"] = Field(
+        "inline",
+        description="inline: every rank evaluates its share between two steps (docs/evaluation.md "
+        "says why there is no asynchronous mode).",
+    )
+
+    @model_validator(mode="after")
+    def _one_source_and_a_time(self) -> EvalConfig:
+        if (self.path is None) == (self.split is None):
+            raise ValueError(
+                "eval: give exactly one held-out source: eval.path (parquet shards) or eval.split "
+                "(a split beside the training data, e.g. validation)"
+            )
+        if self.path is not None and not self.path.strip():
+            raise ValueError("eval.path is empty: set a directory or URI of parquet shards")
+        if not (self.every_steps or self.at_start or self.at_epoch_end or self.at_end):
+            raise ValueError(
+                "eval: no evaluation would ever run: set eval.every_steps, or one of "
+                "eval.at_start / at_epoch_end / at_end to true (or remove the eval section)"
+            )
+        return self
+
+    def due(self, before: int, after: int, *, epoch_end: bool, run_end: bool) -> bool:
+        """Whether an evaluation follows the optimizer step that took the run from `before` to
+        `after` global steps (`epoch_end`/`run_end`: it finished an epoch / the run)."""
+        every = self.every_steps
+        return (
+            (every is not None and after // every > before // every)
+            or (epoch_end and self.at_epoch_end)
+            or (run_end and self.at_end)
+        )

@@ -1,0 +1,181 @@
+"""Evaluate a checkpoint on its own: the driver side of `jobs.evaluate`.
+
+The checkpoint's own config (`run_config.json`, with `--set` overrides on top) names the model
+and the held-out set; the driver reads and checks the held-out set once (as a training run's
+driver does), and `scaling.num_workers` Ray Train workers each load the checkpoint's weights
+and evaluate their share of the held-out plan, the sums all-reduced: the same `eval/*` figures
+a run logs at that step, on any number of workers.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.core.config import ConfigError, RunConfig, apply_overrides, validate
+from pipeline.data.fs import filesystem_for
+from pipeline.learn.checkpoint import RUN_CONFIG_FILE, STATE_FILE, CheckpointError, DataPosition
+
+__all__ = [
+    "EVAL_RESULT_FILE",
+    "EvalTarget",
+    "eval_loop",
+    "evaluate_checkpoint",
+    "find_checkpoint",
+    "target_config",
+]
+
+EVAL_RESULT_FILE = "eval.json"
+
+
+@dataclass(frozen=True)
+class EvalTarget:
+    """The checkpoint to evaluate: where it is (local path or URI) and its data position."""
+
+    uri: str
+    position: DataPosition
+
+    @property
+    def edges(self) -> list[int]:
+        return [int(e) for e in self.position.global_batch["buckets.edges"]]
+
+
+def _read_json(fs, path: str) -> dict:
+    with fs.open_input_stream(path) as f:
+        return json.loads(f.read())
+
+
+def find_checkpoint(run_dir: str, name: str | None = None) -> EvalTarget:
+    """The run's latest complete checkpoint, or the one called `name` (checkpoint_step...)."""
+    from pipeline.train.resume_check import latest_position
+
+    fs, root = filesystem_for(run_dir)
+    scheme = run_dir.split("://", 1)[0] + "://" if "://" in run_dir else ""
+    if name is None:
+        found = latest_position(fs, root.rstrip("/"))
+        if found is None:
+            raise CheckpointError(f"no complete checkpoint under {run_dir}: nothing to evaluate")
+        path, position = found
+    else:
+        path = f"{root.rstrip('/')}/{name}"
+        try:
+            meta = _read_json(fs, f"{path}/{STATE_FILE}")
+        except FileNotFoundError:
+            raise CheckpointError(
+                f"{run_dir}/{name} is not a complete checkpoint (no {STATE_FILE})"
+            ) from None
+        position = DataPosition.from_dict(meta["position"])
+    return EvalTarget(f"{scheme}{path}", position)
+
+
+def target_config(target: EvalTarget, overrides: list[str]) -> RunConfig:
+    """The checkpoint's config with `overrides` on top; an `eval:` section is required."""
+    fs, path = filesystem_for(target.uri)
+    try:
+        raw = _read_json(fs, f"{path}/{RUN_CONFIG_FILE}")
+    except FileNotFoundError:
+        raise CheckpointError(
+            f"{target.uri} has no {RUN_CONFIG_FILE}: it was written before runs recorded their "
+            "config; evaluate a checkpoint of a newer run"
+        ) from None
+    cfg = validate(apply_overrides(raw, overrides))
+    if cfg.eval is None:
+        raise ConfigError(
+            "no held-out set: the run had no eval section; name one with --set eval.path=DIR "
+            "(parquet shards) or --set eval.split=validation"
+        )
+    return cfg
+
+
+@dataclass(frozen=True)
+class _EvalInputs:
+    cfg: dict
+    checkpoint: str
+    edges: list[int]
+    eval_set: list = field(default_factory=list)  # [ObjectRef of the EvalSet]
+
+
+def eval_loop(config: dict) -> None:
+    """Ray Train's train_loop_per_worker for an evaluation: load the weights, evaluate this
+    rank's share, report the all-reduced figures (the same on every rank)."""
+    import ray
+    import ray.train
+    import ray.train.torch
+    import torch
+
+    from pipeline.data.evalset import rank_eval_batches
+    from pipeline.learn.model_check import build_model_or_refuse
+    from pipeline.train.evaluation import Evaluator
+
+    inp = _EvalInputs(**config)
+    cfg = RunConfig.model_validate(inp.cfg)
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    device = ray.train.torch.get_device()
+    model = build_model_or_refuse(cfg.model, max_positions=inp.edges[-1]).to(device)
+    fs, path = filesystem_for(inp.checkpoint)
+    with ray.train.Checkpoint(path, filesystem=fs).as_directory() as d:
+        state = torch.load(f"{d}/model.pt", map_location=device, weights_only=True)
+    model.load_state_dict(state)
+    held_out = ray.get(inp.eval_set[0])
+    batches = rank_eval_batches(cfg, held_out, top=inp.edges[-1], rank=rank, world_size=world)
+    bf16 = cfg.train.bf16 == "on" or (cfg.train.bf16 == "auto" and device.type == "cuda")
+    evaluator = Evaluator(cfg.eval, batches, edges=inp.edges, device=device, bf16=bf16)
+    metrics = evaluator.run(model)
+    # Ray Train keeps the metrics of checkpointed reports only: rank 0 reports the figures with
+    # a checkpoint holding them (beside the run: <run dir>/evaluate-<checkpoint>/).
+    with tempfile.TemporaryDirectory(prefix="bucketray-eval-") as d:
+        (Path(d) / EVAL_RESULT_FILE).write_text(json.dumps(metrics, indent=1))
+        ckpt = ray.train.Checkpoint.from_directory(d) if rank == 0 else None
+        ray.train.report(metrics, checkpoint=ckpt)
+
+
+def evaluate_checkpoint(cfg: RunConfig, target: EvalTarget, *, log=print) -> dict:
+    """The `eval/*` figures of the checkpoint `target` under `cfg` (Ray must be up)."""
+    import ray
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    from pipeline.data.driver import find_run_data
+    from pipeline.data.evalset import load_eval_set
+    from pipeline.train.control import user_error
+
+    data = find_run_data(cfg)  # the training data: the held-out set must not overlap it
+    held_out = load_eval_set(cfg, data.index)
+    log(f"[bucketray] {held_out.describe()}")
+    s = cfg.scaling
+    resources = {**s.resources_per_worker, "CPU": s.cpus_per_worker}
+    if s.use_gpu:
+        resources["GPU"] = 1
+    inputs = _EvalInputs(
+        cfg=cfg.model_dump(mode="json"),
+        checkpoint=target.uri,
+        edges=target.edges,
+        eval_set=[ray.put(held_out)],
+    )
+    storage, name = target.uri.rsplit("/", 1)  # the run's directory, the checkpoint's name
+    fs, path = filesystem_for(storage)
+    trainer = TorchTrainer(
+        eval_loop,
+        train_loop_config=dict(inputs.__dict__),
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=s.num_workers, use_gpu=s.use_gpu, resources_per_worker=resources
+        ),
+        run_config=ray.train.RunConfig(
+            name=f"evaluate-{name}-{uuid.uuid4().hex[:6]}",
+            storage_path=path,
+            storage_filesystem=fs if "://" in storage else None,
+            failure_config=ray.train.FailureConfig(max_failures=0),
+        ),
+    )
+    try:
+        result = trainer.fit()
+    except ray.train.TrainingFailedError as e:
+        cause = user_error(e)
+        if cause is None:
+            raise
+        raise cause from None
+    return dict(result.metrics)
