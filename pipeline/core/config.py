@@ -7,7 +7,6 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     Field,
     NonNegativeInt,
@@ -37,6 +36,7 @@ from pipeline.core.sections import (
     _Section,
     parse_edges,
 )
+from pipeline.core.yamlfile import load_yaml_file
 
 __all__ = [
     "ConfigError",
@@ -485,7 +485,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file not found: {p}")
-        loaded = yaml.safe_load(p.read_text())
+        loaded = load_yaml_file(p)  # a key written twice, or a tab, is one ConfigError line
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
