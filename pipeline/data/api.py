@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
 from pipeline.core.collate import IGNORE_INDEX
-from pipeline.core.config import RunConfig
+from pipeline.core.config import ConfigError, RunConfig
 from pipeline.data.connect import connect
 from pipeline.data.driver import (
     find_run_data,
@@ -152,7 +152,8 @@ def iter_micro_batches(
 ) -> Iterator[MicroBatch]:
     """Worker side: this rank's micro-batches of `epoch`, one per global step from `start_step`.
 
-    `rank` and `world_size` default to the Ray Train context's.
+    `rank` and `world_size` default to the Ray Train context's; a rank outside
+    0..world_size-1 is refused here (ConfigError), before the feeder is asked.
     """
     if rank is None or world_size is None:
         import ray.train
@@ -160,6 +161,12 @@ def iter_micro_batches(
         ctx = ray.train.get_context()
         rank = ctx.get_world_rank() if rank is None else rank
         world_size = ctx.get_world_size() if world_size is None else world_size
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ConfigError(
+            f"rank={rank} is not a rank of world_size={world_size}: ranks are 0..{world_size - 1}; "
+            "pass each worker its own rank and the number of workers (or leave both out inside "
+            "Ray Train, which knows them)"
+        )
     planned = delivery.epoch_steps
     steps = planned[epoch] if epoch < len(planned) else delivery.steps_per_epoch
     if not 0 <= start_step <= steps:
