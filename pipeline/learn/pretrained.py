@@ -21,7 +21,7 @@ import pyarrow.fs as pafs
 
 from pipeline.core.config import ConfigError, ModelConfig
 
-__all__ = ["check_pretrained", "load_pretrained", "local_copy"]
+__all__ = ["check_pretrained", "load_pretrained", "local_copy", "read_config_json"]
 
 _KEY = "model.hf_pretrained"
 # Weight files a save_pretrained directory may hold that unpickle Python objects when loaded.
@@ -66,11 +66,7 @@ def check_pretrained(cfg: ModelConfig, max_positions: int) -> dict:
             )
             + ": save it again with save_pretrained(..., safe_serialization=True)"
         )
-    with fs.open_input_stream(f"{root}/config.json") as f:
-        try:
-            conf = json.loads(f.read())
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{_KEY}: {uri}/config.json is not valid JSON ({e})") from None
+    conf = _config_json(fs, root, uri)
     if conf.get("auto_map") and not cfg.hf_trust_remote_code:
         raise ConfigError(
             f"{_KEY}={uri!r} needs its own Python code (config.json auto_map); read it, then set "
@@ -89,6 +85,25 @@ def check_pretrained(cfg: ModelConfig, max_positions: int) -> dict:
             f"{max_positions}: lower data.max_length (or the bucket edges) to at most {limit}"
         )
     return conf
+
+
+def _config_json(fs: pafs.FileSystem, root: str, uri: str) -> dict:
+    with fs.open_input_stream(f"{root}/config.json") as f:
+        try:
+            return json.loads(f.read())
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{_KEY}: {uri}/config.json is not valid JSON ({e})") from None
+
+
+def read_config_json(uri: str) -> dict:
+    """The config.json of the save_pretrained directory `uri` (local or s3://)."""
+    fs, root = _fs(uri)
+    try:
+        return _config_json(fs, root, uri)
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{_KEY}={uri!r} has no config.json: save the model with save_pretrained"
+        ) from None
 
 
 def local_copy(uri: str, cache_root: str | None = None) -> Path:

@@ -39,7 +39,13 @@ from pipeline.learn.checkpoint import (
 from pipeline.learn.logger import MetricLogger, NullLogger, run_id_for
 from pipeline.learn.loss import NonFiniteGuard
 from pipeline.learn.model_check import ModelBuildError, build_model_or_refuse
-from pipeline.learn.optim import build_optimizer, build_scheduler
+from pipeline.learn.model_record import check_same_model, load_weights, model_record
+from pipeline.learn.optim import (
+    build_optimizer,
+    build_scheduler,
+    load_with_current_settings,
+    optimizer_settings,
+)
 from pipeline.learn.packed_attention import require_packed_support
 from pipeline.train.faults import maybe_fail
 from pipeline.train.history import StepHistory
@@ -141,8 +147,10 @@ class Trainer:
                 require_packed_support(self.model)
             except ValueError as e:  # a ConfigError: Ray Train raises it at once, no retries
                 raise ModelBuildError(str(e)) from None
+        self.model_record = model_record(cfg.model)  # recorded with every checkpoint
         self.optimizer = build_optimizer(self.model, t)
         self.scheduler = build_scheduler(self.optimizer, t, length.optimizer_steps)
+        self.settings = optimizer_settings(t, length.optimizer_steps)
         self.tracker = BucketLossTracker(len(spec.edges) - 1)
         self.guard = NonFiniteGuard(t.max_nonfinite_steps)
         self.position = DataPosition(
@@ -182,9 +190,23 @@ class Trainer:
                 on_world_size_change=self.cfg.plan.on_world_size_change,
                 data_files=spec.data_files,
             )
-        self.model.load_state_dict(state.model)
-        self.optimizer.load_state_dict(state.optimizer)
-        self.scheduler.load_state_dict(state.scheduler)
+        check_same_model(state.model_record, self.model_record)
+        load_weights(self.model, state.model)
+        # The moments and the schedule's position from the checkpoint, the settings from this
+        # config: a resume with a lower train.lr trains at it, and says so.
+        changed = load_with_current_settings(
+            self.optimizer,
+            self.scheduler,
+            state.optimizer,
+            state.scheduler,
+            state.train_record,
+            self.settings,
+        )
+        if changed and spec.rank == 0:
+            print(
+                f"[bucketray] resuming with new optimizer settings: {', '.join(changed)}",
+                flush=True,
+            )
         self.tracker.load_state_dict(state.tracker)
         self.counters, self.run_id = dict(state.counters), state.wandb_run_id
         self.position = p.normalized(self.steps_in(p.epoch))
@@ -397,6 +419,8 @@ class Trainer:
             counters=self.counters,
             tracker=self.tracker.state_dict(),
             rng=rng_state(),
+            model_record=self.model_record,
+            train_record=self.settings,
         )
         metrics = {
             "steps": done,
