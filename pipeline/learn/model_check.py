@@ -68,6 +68,15 @@ def _require_transformers():
     return transformers
 
 
+def _key_of(cfg: ModelConfig) -> str:
+    """The setting a build error is about: the pretrained directory when there is one."""
+    if model_kind(cfg.name) != "hf":
+        return f"model.name={cfg.name}"
+    if cfg.hf_pretrained is not None:
+        return f"model.hf_pretrained={cfg.hf_pretrained}"
+    return "model.hf_config"
+
+
 def build_model_or_refuse(cfg: ModelConfig, max_positions: int) -> nn.Module:
     """`build_model`, with a configuration error raised as a one-line ModelBuildError."""
     try:
@@ -77,6 +86,6 @@ def build_model_or_refuse(cfg: ModelConfig, max_positions: int) -> nn.Module:
     except Exception as e:  # transformers' own validation errors derive from Exception only
         if _out_of_memory(e):
             raise
-        key = "model.hf_config" if model_kind(cfg.name) == "hf" else f"model.name={cfg.name}"
+        key = _key_of(cfg)
         text = " ".join(str(e).split()) or type(e).__name__
         raise ModelBuildError(f"{key}: cannot build the model ({text})") from e
