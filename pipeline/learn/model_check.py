@@ -15,7 +15,7 @@ from torch import nn
 from pipeline.core.config import ConfigError, ModelConfig
 from pipeline.learn.factory import build_model, hf_config_dict, model_kind
 
-__all__ = ["ModelBuildError", "build_model_or_refuse", "check_model"]
+__all__ = ["ModelBuildError", "build_model_or_refuse", "check_model", "check_packed_model"]
 
 
 def _out_of_memory(e: BaseException) -> bool:
@@ -56,6 +56,26 @@ def check_model(cfg: ModelConfig) -> None:
             f"model.hf_config: unknown model_type {model_type!r} for transformers (known ones "
             "include llama, gpt2, qwen2, mistral); fix the config or upgrade transformers"
         )
+
+
+def check_packed_model(cfg: ModelConfig) -> None:
+    """Refuse on the driver, before any worker starts, a Hugging Face model whose attention a
+    packed row's per-document mask cannot confine (pipeline.learn.hf_packed), naming the key.
+    (A pretrained directory's config.json is read once its listing has been checked.)"""
+    if model_kind(cfg.name) != "hf":
+        return
+    from pipeline.learn.hf_packed import packed_attention_problem, packed_refusal
+    from pipeline.learn.model_record import resolved_hf_config
+
+    try:
+        conf = resolved_hf_config(cfg)
+    except ConfigError:
+        raise
+    except Exception:  # noqa: BLE001 - what building reveals is the worker's one line
+        return
+    why = packed_attention_problem(conf)
+    if why:
+        raise ModelBuildError(packed_refusal(_key_of(cfg), why))
 
 
 def _require_transformers():

@@ -99,11 +99,15 @@ class TrainSummary:
 
 def check_pretrained_model(cfg: RunConfig, max_positions: int) -> None:
     """What the driver can check of the model before any worker starts: a pretrained directory's
-    files and limits (one ConfigError line instead of a failure in every worker)."""
+    files, weights and limits, and in packed mode its attention (one ConfigError line instead
+    of a failure in every worker)."""
     if cfg.model.hf_pretrained is not None:
+        from pipeline.learn.model_check import check_packed_model
         from pipeline.learn.pretrained import check_pretrained
 
         check_pretrained(cfg.model, max_positions)
+        if cfg.batching.mode == "packed":
+            check_packed_model(cfg.model)
 
 
 def storage_path(cfg: RunConfig) -> str:
