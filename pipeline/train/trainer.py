@@ -9,7 +9,8 @@ exactly the remaining steps (contract 7).
 A non-finite loss or gradient norm skips the update and, past train.max_nonfinite_steps in a
 row, raises NonFiniteLossError; no checkpoint is written while the state may be non-finite.
 A stop request (`stop()` true on any rank) ends the run after the current step with a
-checkpoint, at the same step on every rank.
+checkpoint, at the same step on every rank; a driver found gone (`stop()` raising
+DriverGoneError) ends it on every rank without one.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from pipeline.train.progress import (
     step_metrics,
 )
 from pipeline.train.step import GroupStats, all_reduce, train_group
+from pipeline.train.stop import DriverGoneError
 
 __all__ = ["RunSpec", "Trainer", "UnusedParametersError", "seed_worker"]
 
@@ -278,7 +280,8 @@ class Trainer:
             stats = self.step(group, epoch, wait_s)
             self.maybe_log(stats, before, epoch)
             last_step = stats.steps[-1]
-            stop = self.stop_requested()
+            due = self.checkpoint_due(before, epoch, last_step + 1)
+            stop = self.stop_requested(fresh=due)  # a driver gone: no checkpoint nobody registers
             self.maybe_checkpoint(before, epoch, last_step + 1, stop=stop)
             maybe_fail(self.steps_done, self.spec.rank)
             if stop:
@@ -372,24 +375,39 @@ class Trainer:
             print(line, flush=True)
         self.window.reset()
 
-    def stop_requested(self) -> bool:
-        """Whether any rank was asked to stop: all ranks all-reduce it, so all stop together."""
+    def stop_requested(self, fresh: bool = False) -> bool:
+        """Whether any rank was asked to stop: all ranks all-reduce it, so all stop together.
+        A rank whose poll finds the driver gone (DriverGoneError) makes every rank raise it,
+        before any checkpoint; `fresh` asks the poller now rather than at its own pace."""
         if self.stop is None:
             return False
-        flag = torch.tensor([1.0 if self.stop() else 0.0], device=self.spec.device)
-        return bool(all_reduce(flag).item() > 0)
+        asked, gone = 0.0, None
+        try:
+            ask = getattr(self.stop, "fresh", None) if fresh else None
+            asked = 1.0 if (ask or self.stop)() else 0.0
+        except DriverGoneError as e:
+            gone = e
+        flag = torch.tensor([asked, 0.0 if gone is None else 1.0], device=self.spec.device)
+        flag = all_reduce(flag)
+        if flag[1].item() > 0:
+            raise gone or DriverGoneError("another rank found the run's driver gone")
+        return bool(flag[0].item() > 0)
+
+    def checkpoint_due(self, before: int, epoch: int, next_step: int) -> bool:
+        """A checkpoint falls after this step: an epoch end, the run's end, or every
+        checkpoint.every_steps global steps (a stop request adds one)."""
+        done = self.steps_done
+        return (
+            next_step == self.steps_in(epoch)
+            or done == self.total_steps
+            or _crossed(before, done, self.cfg.checkpoint.every_steps)
+        )
 
     def maybe_checkpoint(self, before: int, epoch: int, next_step: int, stop: bool) -> None:
         """Checkpoint at an epoch end, the run's end, every checkpoint.every_steps global steps
         and on a stop request; never while the last step was non-finite."""
         done = self.steps_done
-        due = (
-            stop
-            or next_step == self.steps_in(epoch)
-            or done == self.total_steps
-            or _crossed(before, done, self.cfg.checkpoint.every_steps)
-        )
-        if not due:
+        if not (stop or self.checkpoint_due(before, epoch, next_step)):
             return
         if self.guard.streak > 0:
             if self.spec.rank == 0:
