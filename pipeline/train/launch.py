@@ -3,9 +3,10 @@
 Joins the cluster named by --address or RAY_ADDRESS (set by `ray job submit`), else starts a
 private local Ray instance; checks what can be checked before any worker starts (stable paths
 inside a submitted job, resources, the resume position against the current plan); takes the
-run directory's lease; builds the length index and bucket edges once, plans the epochs (for
-their hashes and `epoch/*` summaries), starts the data layer's feeder actor and runs
-`pipeline.train.loop.train_loop` on `scaling.num_workers` workers. Resubmitting with the same
+run directory's lease; starts the run's warning collector (the feeder's, the index tasks' and
+the workers' warnings reach this console once each); builds the length index and bucket edges
+once, plans the epochs (for their hashes and `epoch/*` summaries), starts the data layer's
+feeder actor and runs `pipeline.train.loop.train_loop` on `scaling.num_workers` workers. Resubmitting with the same
 checkpoint.storage_path and run_name resumes: Ray Train hands the loop its latest checkpoint.
 """
 
@@ -16,6 +17,8 @@ import signal
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +36,7 @@ from pipeline.data.driver import (
     plan_run,
     start_run_feeder,
 )
+from pipeline.data.run_warnings import ConsoleRelay, collector_name, start_collector
 from pipeline.learn.checkpoint import SAVE_FAIL_ENV
 from pipeline.train.console import (
     WORKER_ENV,
@@ -250,11 +254,34 @@ def run(cfg: RunConfig, *, address: str | None = None, debug: bool = False) -> T
 def _run_leased(
     cfg: RunConfig, address: str | None, fs, rdir: str, t0: float, debug: bool = False
 ) -> TrainSummary:
+    _check_resources(cfg, wait_s=NODES_WAIT_S if init_ray(address, debug=debug) else 0.0)
+    with _warnings_relay(cfg) as warnings_to:
+        return _train(cfg, fs, rdir, t0, warnings_to)
+
+
+@contextmanager
+def _warnings_relay(cfg: RunConfig) -> Iterator[str | None]:
+    """The run's warning collector, and the console lines of what it receives: warnings of the
+    feeder, the index tasks and the workers, once each (`pipeline.data.run_warnings`)."""
+    import ray
+
+    if not ray.is_initialized():  # a caller standing in for Ray: nothing to collect from
+        yield None
+        return
+    name = collector_name(f"{cfg.checkpoint.run_name}-{uuid.uuid4().hex[:8]}")
+    collector = start_collector(name)
+    try:
+        with ConsoleRelay(name):
+            yield name
+    finally:
+        ray.kill(collector)
+
+
+def _train(cfg: RunConfig, fs, rdir: str, t0: float, warnings_to: str | None) -> TrainSummary:
     import ray
 
     from pipeline.data.rowcache import RowCache
 
-    _check_resources(cfg, wait_s=NODES_WAIT_S if init_ray(address, debug=debug) else 0.0)
     data = find_run_data(cfg)
     index, edges = data.index, data.edges
     check_pretrained_model(cfg, edges[-1])
@@ -286,7 +313,8 @@ def _run_leased(
         cfg, data, plan, name=feeder_name, world_size=fixed_world_size(cfg), at=at
     )
     try:
-        result = _fit(cfg, _loop_inputs(cfg, feeder_name, edges, steps, epochs, files), flag)
+        inputs = _loop_inputs(cfg, feeder_name, edges, steps, epochs, files, warnings_to)
+        result = _fit(cfg, inputs, flag)
     finally:
         ray.kill(feeder)
         ray.kill(flag)
@@ -333,6 +361,7 @@ def _loop_inputs(
     steps: list[int],
     epochs: list[dict],
     data_files: dict,
+    warnings_to: str | None = None,
 ):
     wandb_dir = cfg.wandb.dir or (run_dir(cfg) if "://" not in run_dir(cfg) else "wandb")
     return LoopInputs(
@@ -343,6 +372,7 @@ def _loop_inputs(
         epochs=epochs,
         wandb_dir=str(Path(wandb_dir).absolute()) if "://" not in wandb_dir else "wandb",
         data_files=data_files,
+        warnings=warnings_to,
     )
 
 

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from pipeline.core.config import RunConfig
+from pipeline.data.run_warnings import forward_warnings, warning_counts
 from pipeline.learn.checkpoint import CheckpointStorageError, load_checkpoint
-from pipeline.learn.logger import make_logger
-from pipeline.train.console import run_warnings_as_lines
+from pipeline.learn.logger import MetricLogger, log_summary, make_logger
 from pipeline.train.faults import FAIL_AT_STEP_ENV, FAIL_MARKER_ENV, FAIL_RANK_ENV
 from pipeline.train.history import StepHistory
 from pipeline.train.progress import SampleRecorder
@@ -44,9 +44,27 @@ class LoopInputs:
     epochs: list[dict]  # per epoch: {"hash": plan hash, "metrics": {"epoch/...": ...}}
     wandb_dir: str
     data_files: dict = field(default_factory=dict)  # per-shard digests (pipeline.core.manifest)
+    warnings: str | None = None  # the run's warning collector (pipeline.data.run_warnings)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
+
+
+class WarningsInSummary:
+    """The run's logger, whose finish first writes every warning of the run (the collector's
+    texts with their counts and processes) into the run's summary (rank 0 only)."""
+
+    def __init__(self, inner: MetricLogger, collector: str | None):
+        self.inner, self.collector = inner, collector
+
+    def log(self, metrics: dict, step: int) -> None:
+        self.inner.log(metrics, step)
+
+    def finish(self) -> None:
+        found = warning_counts(self.collector)
+        if found:
+            log_summary(self.inner, {"warnings": found, "warnings/count": len(found)})
+        self.inner.finish()
 
 
 def _report(directory: str, metrics: dict, name: str, *, storage_path: str = "") -> None:
@@ -116,11 +134,11 @@ def train_loop(config: dict) -> None:
 
     from pipeline.data import rank_batches  # the Ray Data layer; imported on the worker
 
-    run_warnings_as_lines()
     inp = LoopInputs(**config)
-    cfg = RunConfig.model_validate(inp.cfg)
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    forward_warnings(inp.warnings, f"rank {rank}")  # to the driver's console, once each
+    cfg = RunConfig.model_validate(inp.cfg)
     device = ray.train.torch.get_device()
     check_device(device, rank)
     spec = RunSpec(
@@ -148,12 +166,15 @@ def train_loop(config: dict) -> None:
             trainer.resume(load_checkpoint(d, rank=rank), StepHistory.read_dir(d))
     else:
         trainer.resume(None)
-    logger = make_logger(
-        cfg,
-        rank=rank,
-        run_id=trainer.run_id,
-        wandb_dir=inp.wandb_dir,
-        metrics_file=cfg.train.metrics_file,
+    logger = WarningsInSummary(
+        make_logger(
+            cfg,
+            rank=rank,
+            run_id=trainer.run_id,
+            wandb_dir=inp.wandb_dir,
+            metrics_file=cfg.train.metrics_file,
+        ),
+        inp.warnings if rank == 0 else None,
     )
 
     def batches(epoch: int, start_step: int):
