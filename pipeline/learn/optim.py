@@ -112,6 +112,7 @@ def load_with_current_settings(
         optimizer.param_groups, groups, base, scheduler.lr_lambdas, strict=True
     ):
         g.update(hp, initial_lr=b, lr=b * fn(scheduler.last_epoch))
+    # What get_last_lr() answers until the next scheduler.step() (the LR the next step uses).
     scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
     old = recorded if recorded is not None else _settings_of(opt_state, sched_state)
     return [
