@@ -9,7 +9,18 @@ from pathlib import Path
 
 from pipeline.core.config import RunConfig, validate
 
-__all__ = ["free_ports", "tiny_raw", "tiny_config", "write_held_out"]
+__all__ = ["TINY_LLAMA", "free_ports", "tiny_raw", "tiny_config", "write_held_out"]
+
+# A two-layer Llama small enough for unit tests (grouped-query heads: 4 query, 2 key/value).
+TINY_LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+}
 
 
 def free_ports(n: int) -> list[int]:

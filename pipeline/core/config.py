@@ -7,7 +7,6 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     Field,
     NonNegativeInt,
@@ -38,6 +37,7 @@ from pipeline.core.sections import (
     _Section,
     parse_edges,
 )
+from pipeline.core.yamlfile import load_yaml_file
 
 __all__ = [
     "ConfigError",
@@ -428,7 +428,7 @@ def _eval_split_checks(cfg: RunConfig) -> None:
         if not d.synthetic.heldout:
             raise ValueError(
                 f"eval.split={split!r}: the synthetic corpus has no held-out split; set "
-                "data.synthetic.heldout (e.g. 0.07, preset pystdlib) or use eval.path"
+                "data.synthetic.heldout (e.g. 0.07) or use eval.path"
             )
         if split != "validation":
             raise ValueError(
@@ -515,7 +515,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file not found: {p}")
-        loaded = yaml.safe_load(p.read_text())
+        loaded = load_yaml_file(p)  # a key written twice, or a tab, is one ConfigError line
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):

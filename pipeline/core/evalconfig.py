@@ -6,7 +6,7 @@ Imported through `pipeline.core.config`; the evaluation itself is `pipeline.core
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, PositiveInt, model_validator
 
@@ -48,10 +48,17 @@ class EvalConfig(_Section):
         description="Held-out samples also in the training data (same sample id, or the same "
         "tokens): stop naming the count, or drop them from the held-out set with a warning.",
     )
-    mode: Literal["inline"] = Field(
+    mode: Literal["inline", "async"] = Field(
         "inline",
-        description="inline: every rank evaluates its share between two steps (docs/evaluation.md "
-        "says why there is no asynchronous mode).",
+        description="inline: every rank evaluates its share between two steps; async: a checkpoint "
+        "at each evaluation, evaluated by a Ray task of its own while training goes on "
+        "(docs/evaluation.md: what each costs).",
+    )
+
+    # The held-out source: one or the other (`--set eval.path=DIR` replaces a config's split).
+    exclusive_groups: ClassVar[tuple[frozenset[str], ...]] = (
+        frozenset({"path"}),
+        frozenset({"split"}),
     )
 
     @model_validator(mode="after")

@@ -8,7 +8,9 @@ dotted path is looked up in the config's models, through the variants of a secti
 - a number field takes the number the text spells (`1e5` is 100000 for an int field; `.inf`
   and `nan` parse, so range checks can refuse them);
 - a bool field takes the text, which the model reads (`true`/`false`, `on`/`off`, `1`/`0`);
-- lists, tuples, mappings and whole sections are parsed as YAML flow (`[0, 770, 8192]`).
+- lists, tuples, mappings and whole sections are parsed as YAML flow (`[0, 770, 8192]`), also
+  for a field that takes text or a mapping (`model.hf_config={model_type: llama, ...}` is the
+  mapping; `model.hf_config=path/config.json` the text); a key written twice is an error.
 
 Setting a field that belongs to one variant of a section (`batching.mode=fixed`, `buckets.edges`,
 `data.path`, `data.synthetic.*`) drops the fields of the other variants that came from the config
@@ -22,8 +24,10 @@ import typing
 from enum import Enum
 from typing import Annotated, Any, Literal, Union
 
-import yaml
 from pydantic import BaseModel
+
+from pipeline.core.sections import ConfigError
+from pipeline.core.yamlfile import load_yaml_text
 
 __all__ = ["OverrideError", "apply_overrides", "coerce", "field_annotation"]
 
@@ -81,10 +85,23 @@ def _number(text: str, want_int: bool) -> int | float | None:
     return int(f) if want_int and f.is_integer() else f
 
 
+def _yaml(text: str) -> Any:
+    try:
+        return load_yaml_text(text, "value")
+    except ConfigError as e:
+        raise OverrideError(str(e)) from None
+
+
+def _is_collection(a: Any) -> bool:
+    """A mapping, list, tuple or section type: what a YAML flow value (`{...}`, `[...]`) is."""
+    origin = typing.get_origin(a) or a
+    return origin in (dict, list, tuple) or bool(_models(a))
+
+
 def coerce(ann: Any, text: str) -> Any:
     """The value `text` means for a field annotated `ann` (None: unknown field, read as YAML)."""
     if ann is None:
-        return yaml.safe_load(text)
+        return _yaml(text)
     alts = _alternatives(ann)
     if type(None) in alts and text.strip() in _NULL:
         return None
@@ -93,9 +110,11 @@ def coerce(ann: Any, text: str) -> Any:
     if numeric:
         n = _number(text, want_int=float not in numeric)
         return text if n is None else n  # not a number: the model names the field
+    if text.lstrip().startswith(("{", "[")) and any(_is_collection(a) for a in alts):
+        return _yaml(text)  # a flow mapping or list, also where text is allowed too
     if any(_is_text(a) for a in alts) or bool in alts:
         return text
-    return yaml.safe_load(text)
+    return _yaml(text)
 
 
 def _switch(model: type[BaseModel], node: dict, key: str, value: Any, keep: set[str]) -> None:
@@ -133,7 +152,10 @@ def apply_overrides(raw: dict, overrides: list[str], model: type[BaseModel]) -> 
         parts = key.strip().split(".")
         if not all(parts):
             raise OverrideError(f"--set {item!r}: empty name in {key!r}; e.g. --set train.lr=3e-4")
-        value = coerce(field_annotation(model, parts), text)
+        try:
+            value = coerce(field_annotation(model, parts), text)
+        except OverrideError as e:
+            raise OverrideError(f"--set {key}: {e}") from None
         node = out
         for i, p in enumerate(parts):
             explicit.add(".".join(parts[: i + 1]))

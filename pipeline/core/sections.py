@@ -83,18 +83,10 @@ class SyntheticConfig(_Section):
     )
     heldout: Annotated[float, Field(ge=0, lt=1)] = Field(
         0.0,
-        description="pystdlib: the fraction of source files held out for evaluation (split "
-        "`validation`; training reads split `train`). 0: no held-out split.",
+        description="A held-out split `validation` for evaluation (training reads split `train`): "
+        "pystdlib holds out this fraction of its source files; seed902k adds this fraction of "
+        "samples drawn the same way. 0: none.",
     )
-
-    @model_validator(mode="after")
-    def _heldout_is_text(self) -> SyntheticConfig:
-        if self.heldout and self.preset != "pystdlib":
-            raise ValueError(
-                f"data.synthetic.heldout splits source files and has no effect with preset "
-                f"{self.preset!r}: remove it, or use preset pystdlib"
-            )
-        return self
 
 
 _PATH_HINT = "a directory or URI (s3://, gs://, ...) of parquet shards"

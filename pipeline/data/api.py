@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
 from pipeline.core.collate import IGNORE_INDEX
-from pipeline.core.config import RunConfig
+from pipeline.core.config import ConfigError, RunConfig
 from pipeline.data.connect import connect
 from pipeline.data.driver import (
     find_run_data,
@@ -49,6 +49,12 @@ from pipeline.data.driver import (
 )
 from pipeline.data.feeder import stop_feeder
 from pipeline.data.rechunk import MicroBatch
+from pipeline.data.run_warnings import (
+    ConsoleRelay,
+    collector_name,
+    forward_warnings,
+    start_collector,
+)
 from pipeline.data.stream import rank_batches
 from pipeline.data.tensors import batch_tensors
 
@@ -80,6 +86,8 @@ class Delivery:
     # Each planned epoch's plan hash: a rank refuses a feeder answer planned differently.
     plan_hashes: list[str] = field(default_factory=list)
     world_size: int = 1  # the world size the epochs were planned at
+    # The warning collector the workers forward to (pipeline.data.run_warnings); None: none.
+    warnings: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -115,11 +123,12 @@ def prepare_delivery(
     block, or the end of the driver.
     """
     connect()
+    name = name or f"bucketray-feeder-{uuid.uuid4().hex[:8]}"
+    warnings_to = _start_warnings(name)  # before the index tasks and the feeder start
     data = find_run_data(cfg)
     known = world_size if world_size is not None else fixed_world_size(cfg)
     world = known if known is not None else cfg.scaling.num_workers  # elastic: as jobs.train
     plan = plan_run(cfg, data, world_size=world)
-    name = name or f"bucketray-feeder-{uuid.uuid4().hex[:8]}"
     start_run_feeder(
         cfg, data, plan, name=name, world_size=known, at=run_position(plan, start_step)
     )
@@ -133,12 +142,43 @@ def prepare_delivery(
         total_steps=plan.total_steps,
         plan_hashes=plan.hashes,
         world_size=world,
+        warnings=warnings_to,
     )
 
 
+# Per feeder name: the warning collector's handle and the relay printing its warnings here.
+_WARNINGS: dict[str, tuple] = {}
+
+
+def _start_warnings(feeder: str) -> str | None:
+    """The delivery's warning collector and its console relay (pipeline.data.run_warnings), so
+    the feeder's, the index tasks' and the workers' warnings show here once each."""
+    import ray
+
+    if not ray.is_initialized():  # a caller standing in for Ray
+        return None
+    _stop_warnings(feeder)
+    name = collector_name(feeder)
+    handle = start_collector(name)
+    _WARNINGS[feeder] = (handle, ConsoleRelay(name).__enter__())
+    return name
+
+
+def _stop_warnings(feeder: str) -> None:
+    found = _WARNINGS.pop(feeder, None)
+    if found is not None:
+        import ray
+
+        handle, relay = found
+        relay.close()  # the last warnings, and how often the repeated ones came
+        ray.kill(handle)
+
+
 def stop_delivery(delivery: Delivery) -> None:
-    """Stop the feeder (frees the epochs it holds in the object store)."""
+    """Stop the feeder (frees the epochs it holds in the object store) and print the warnings
+    that came in since the last ones shown."""
     stop_feeder(delivery.feeder)
+    _stop_warnings(delivery.feeder)
 
 
 def iter_micro_batches(
@@ -152,7 +192,8 @@ def iter_micro_batches(
 ) -> Iterator[MicroBatch]:
     """Worker side: this rank's micro-batches of `epoch`, one per global step from `start_step`.
 
-    `rank` and `world_size` default to the Ray Train context's.
+    `rank` and `world_size` default to the Ray Train context's; a rank outside
+    0..world_size-1 is refused here (ConfigError), before the feeder is asked.
     """
     if rank is None or world_size is None:
         import ray.train
@@ -160,6 +201,14 @@ def iter_micro_batches(
         ctx = ray.train.get_context()
         rank = ctx.get_world_rank() if rank is None else rank
         world_size = ctx.get_world_size() if world_size is None else world_size
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ConfigError(
+            f"rank={rank} is not a rank of world_size={world_size}: ranks are 0..{world_size - 1}; "
+            "pass each worker its own rank and the number of workers (or leave both out inside "
+            "Ray Train, which knows them)"
+        )
+    if delivery.warnings is not None:  # to the driver's console, once each
+        forward_warnings(delivery.warnings, f"rank {rank}")
     planned = delivery.epoch_steps
     steps = planned[epoch] if epoch < len(planned) else delivery.steps_per_epoch
     if not 0 <= start_step <= steps:

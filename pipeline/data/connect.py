@@ -6,7 +6,9 @@ someone else's, or a dead one, which it retries for minutes without a word. So e
 (`jobs.train`, `jobs.plan_buckets`, `jobs.tokenize`, `jobs.bench_data`, the own-loop API, the
 length index) goes through `connect`: the address it is given, else RAY_ADDRESS (what
 `ray job submit` sets), else a private local instance; "auto" joins the cluster `ray start` left
-on this machine; a named address that does not answer fails in seconds, in one line.
+on this machine; a named address that does not answer fails in seconds, in one line. A private
+instance that does not come up (Ray waits 30 s for its processes, too little on a machine
+under load) ends in one line saying what to do (`RayStartError`), not Ray's traceback.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pipeline.core.config import ConfigError
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
+    "RayStartError",
     "check_reachable",
     "connect",
     "on_this_node",
@@ -28,6 +31,16 @@ __all__ = [
 # How long a given Ray address may take to answer before the process gives up.
 CONNECT_TIMEOUT_S = 15.0
 _NEW_INSTANCE_ONLY = ("num_cpus", "num_gpus", "resources", "object_store_memory", "labels")
+# What Ray 2.60 says when a private instance's processes do not come up in time
+# (ray/_private/node.py waits a fixed 30 s for the raylet to register) or fail to start.
+_START_FAILURES = ("timed out during startup", "failed to start")
+
+
+class RayStartError(ConfigError):
+    """A private local Ray instance did not start. Not a config problem, but like one it ends
+    the run in one line with what to do (the CLIs print ConfigError lines, exit 2)."""
+
+    retryable = False
 
 
 def resolve_address(flag: str | None, environ: Mapping[str, str] = os.environ) -> str:
@@ -92,7 +105,18 @@ def connect(
         check_reachable(target, timeout_s)
         # What only a new instance can be given (ray.init refuses it when joining).
         init_kwargs = {k: v for k, v in init_kwargs.items() if k not in _NEW_INSTANCE_ONLY}
-    ctx = ray.init(address=target, **init_kwargs)
+    try:
+        ctx = ray.init(address=target, **init_kwargs)
+    except Exception as e:
+        text = " ".join(str(e).split())
+        if target != "local" or not any(f in text.lower() for f in _START_FAILURES):
+            raise
+        ray.shutdown()  # what half started is stopped
+        raise RayStartError(
+            f"local Ray did not start ({text}): the machine is likely too busy to start Ray's "
+            "processes in Ray's 30 s; run again when the load is lower, or start Ray yourself "
+            "with `ray start --head` (it waits as long as it needs) and pass --address auto"
+        ) from None
     return target != "local", ctx
 
 

@@ -71,8 +71,12 @@ def token_table(sample_ids: np.ndarray, values: np.ndarray, offsets: np.ndarray)
     )
 
 
-def _params(preset: str, num_samples: int, shards: int, vocab_size: int, seed: int) -> dict:
+def _params(
+    preset: str, num_samples: int, shards: int, vocab_size: int, seed: int, heldout: float = 0.0
+) -> dict:
+    extra = {"heldout": float(heldout)} if heldout else {}  # corpora without one stay current
     return {
+        **extra,
         "version": 1,
         "preset": preset,
         "num_samples": int(num_samples),
@@ -101,11 +105,16 @@ def write_corpus(
     shards: int = 4,
     vocab_size: int = 512,
     seed: int = 0,
+    heldout: float = 0.0,
     progress: bool = True,
 ) -> dict:
     """Write `num_samples` (default: the preset's size) samples into `shards` parquet files.
 
-    Returns a summary (samples, tokens, files, seconds). Idempotent for equal parameters.
+    With `heldout` > 0 the shards are split `train` and a held-out split `validation` of
+    ceil(heldout x num_samples) more samples follows: the same generator and length
+    distribution, sample ids after the training ones (so neither their ids nor their tokens are
+    the training samples'). Returns a summary (samples, tokens, files, seconds). Idempotent for
+    equal parameters.
     """
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}: choose one of {sorted(PRESETS)}")
@@ -114,7 +123,7 @@ def write_corpus(
         raise ValueError(f"num_samples ({n}) and shards ({shards}) must be >= 1")
     shards = min(shards, n)
     out = Path(out_dir)
-    params = _params(preset, n, shards, vocab_size, seed)
+    params = _params(preset, n, shards, vocab_size, seed, heldout)
     if corpus_is_current(out, **{k: v for k, v in params.items() if k != "version"}):
         return {"samples": n, "files": shards, "skipped": True, "out_dir": str(out)}
     marker = out / MARKER
@@ -131,7 +140,7 @@ def write_corpus(
         ids = np.arange(lo, hi, dtype=np.int64)
         values, offsets = synthetic_tokens(lengths[lo:hi], ids, vocab_size=vocab_size, seed=seed)
         table = token_table(ids, values, offsets)
-        path = out / f"shard-{s:05d}.parquet"
+        path = out / f"{'train' if heldout else 'shard'}-{s:05d}.parquet"
         pq.write_table(table, path, row_group_size=ROW_GROUP_ROWS)
         files.append(path.name)
         done_tokens += int(offsets[-1])
@@ -145,6 +154,13 @@ def write_corpus(
                 file=sys.stderr,
                 flush=True,
             )
+    if heldout:
+        m = int(np.ceil(heldout * n))
+        ids = np.arange(n, n + m, dtype=np.int64)
+        held = seed902k_lengths(m, seed=seed + 1)
+        values, offsets = synthetic_tokens(held, ids, vocab_size=vocab_size, seed=seed)
+        pq.write_table(token_table(ids, values, offsets), out / "validation-00000.parquet")
+        files.append("validation-00000.parquet")
     marker.write_text(json.dumps(params))
     return {
         "samples": n,

@@ -41,6 +41,7 @@ from pipeline.data.protocol import RankPart
 from pipeline.data.read import ReadSpec, background_priority
 from pipeline.data.retry import RetryPolicy
 from pipeline.data.rowcache import RowCache
+from pipeline.data.run_warnings import active_collector, forward_warnings
 
 __all__ = ["Feeder", "start_feeder", "stop_feeder", "FEEDER_MAX_CONCURRENCY"]
 
@@ -72,7 +73,10 @@ class Feeder:
         fs: pafs.FileSystem | None = None,
         retry: RetryPolicy | None = None,
         block_bytes: int = TARGET_BLOCK_BYTES,
+        warnings_to: str | None = None,
     ):
+        if warnings_to is not None:  # an actor of a run: its warnings reach the driver's console
+            forward_warnings(warnings_to, "feeder")
         index = _index_of(index)
         self.cfg = RunConfig.model_validate(cfg)
         self.index = index
@@ -340,6 +344,7 @@ def start_feeder(
         filesystem if filesystem is not None else filesystem_for(path)[0],
         retry,
         block_bytes,
+        active_collector(),
     )
     _FEEDERS[name] = (handle, holder)
     return handle

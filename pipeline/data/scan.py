@@ -372,7 +372,11 @@ def scan_file(path: str, file_idx: int, fs: pafs.FileSystem) -> dict:
     return {**base, **out, "retries": counter[0]}
 
 
-def _scan_batch(batch: pa.Table, fs: pafs.FileSystem) -> pa.Table:
+def _scan_batch(batch: pa.Table, fs: pafs.FileSystem, warnings_to: str | None = None) -> pa.Table:
+    if warnings_to is not None:  # a task of a run: its warnings reach the driver's console
+        from pipeline.data.run_warnings import forward_warnings
+
+        forward_warnings(warnings_to, "index")
     paths, idx = batch["path"].to_pylist(), batch["file_idx"].to_pylist()
     return _rows_to_table([scan_file(p, int(i), fs) for p, i in zip(paths, idx, strict=True)])
 
@@ -400,10 +404,15 @@ def scan_all(fs: pafs.FileSystem, files: list[str]) -> pa.Table:
 
     # Started by the project's rule, never by Ray Data's own ray.init(address=None), which joins
     # whatever cluster an address file left on the machine names (pipeline.data.connect).
+    from pipeline.data.run_warnings import active_collector
+
     connect(include_dashboard=False)
     items = [{"file_idx": i, "path": p} for i, p in enumerate(files)]
     ds = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
-        _scan_batch, batch_size=1, batch_format="pyarrow", fn_kwargs={"fs": fs}
+        _scan_batch,
+        batch_size=1,
+        batch_format="pyarrow",
+        fn_kwargs={"fs": fs, "warnings_to": active_collector()},
     )
     tables = ray.get(ds.to_arrow_refs())
     table = pa.concat_tables([t.cast(SCAN_SCHEMA) for t in tables])

@@ -75,6 +75,7 @@ def resolve_data_path(cfg: RunConfig) -> str:
         shards=syn.shards,
         vocab_size=cfg.model.vocab_size,
         seed=syn.seed,
+        heldout=syn.heldout,
     )
     if not corpus_is_current(out, **params):
         print(f"bucketray: writing the synthetic corpus to {out} (first use)", flush=True)

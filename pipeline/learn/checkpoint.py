@@ -4,7 +4,9 @@ Layout (one directory; Ray Train merges what each rank wrote):
     model.pt, optimizer.pt, trainer.pt   rank 0: weights, AdamW state, scheduler/tracker/counters
     rng_rank<r>.pt                        every rank: its torch / python / numpy RNG states
     run_config.json                       rank 0: the run's config (jobs.evaluate reads it)
-    state.json                            rank 0, written last: {"version": 1, "position": ...}
+    state.json                            rank 0, written last: {"version": 1, "position": ...,
+                                          "model": the model's record, "train": the optimizer
+                                          settings} (pipeline.learn.model_record, resume_settings)
 A directory without state.json is an incomplete checkpoint and is refused. Tensors are loaded
 with `torch.load(weights_only=True)`: a checkpoint cannot run code.
 
@@ -115,6 +117,10 @@ class TrainState:
     counters: dict = field(default_factory=dict)  # optimizer steps, tokens, samples so far
     tracker: dict = field(default_factory=dict)  # BucketLossTracker.state_dict()
     rng: dict | None = None
+    # The model the weights belong to (pipeline.learn.model_record) and the optimizer settings
+    # they were trained with (pipeline.learn.resume_settings); None in older checkpoints.
+    model_record: dict | None = None
+    train_record: dict | None = None
 
 
 def global_batch_definition(cfg: RunConfig, edges: list[int]) -> dict:
@@ -206,6 +212,8 @@ def save_checkpoint(directory: str | os.PathLike, state: TrainState, *, rank: in
         "version": POSITION_VERSION,
         "position": state.position.to_dict(),
         "wandb_run_id": state.wandb_run_id,
+        "model": state.model_record,
+        "train": state.train_record,
     }
     tmp = d / (STATE_FILE + ".tmp")
     tmp.write_text(json.dumps(meta, indent=1))
@@ -218,6 +226,11 @@ def load_checkpoint(
     """Read a checkpoint written by save_checkpoint; `rng` is None when rank `rank` wrote none
     (e.g. the world grew)."""
     d = Path(directory)
+    if not (d / STATE_FILE).is_file() and not any(d.glob("*.pt")):
+        raise CheckpointError(
+            f"{d} is not a checkpoint (no {STATE_FILE}, no *.pt files): give a checkpoint_* "
+            "directory of a run (under checkpoint.storage_path/checkpoint.run_name)"
+        )
     if not (d / STATE_FILE).is_file():
         raise CheckpointError(
             f"incomplete checkpoint: {d} has no {STATE_FILE} (interrupted while saving?); "
@@ -244,6 +257,8 @@ def load_checkpoint(
         counters=trainer["counters"],
         tracker=trainer["tracker"],
         rng=load(rng_file.name) if rng_file.is_file() else None,
+        model_record=meta.get("model"),
+        train_record=meta.get("train"),
     )
 
 

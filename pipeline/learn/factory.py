@@ -43,6 +43,12 @@ from typing import Any
 from torch import nn
 
 from pipeline.core.config import ModelConfig
+from pipeline.learn.hf_packed import (
+    packed_attention_problem,
+    packed_refusal,
+    packed_self_check,
+    packed_windows,
+)
 from pipeline.learn.model import MODELS
 from pipeline.learn.packed_attention import hf_packed_mask, is_packed
 
@@ -60,19 +66,22 @@ HF_CAUSAL_LM = "hf_causal_lm"
 
 class HFCausalLM(nn.Module):
     """A `transformers` causal LM behind the forward signature above; `.hf` is the HF model.
-    Packed batches get per-document positions and a block-diagonal causal mask
-    (pipeline.learn.packed_attention.hf_packed_mask)."""
+    Packed batches get per-document positions and a block-diagonal causal mask, with the
+    model's sliding windows applied per document (pipeline.learn.packed_attention.hf_packed_mask);
+    a model whose attention such a mask cannot confine is refused (`packed_problem`)."""
 
     supports_packed = True
 
-    def __init__(self, hf_model: nn.Module):
+    def __init__(self, hf_model: nn.Module, source: str = "model.hf_config"):
         super().__init__()
         self.hf = hf_model
+        self.source = source  # the setting it was built from, for the lines that name it
+        self.windows = packed_windows(hf_model.config)  # sliding windows, per document
 
     def forward(self, input_ids, attention_mask, position_ids):
         if is_packed(attention_mask):
             impl = getattr(self.hf.config, "_attn_implementation", None)
-            attention_mask = hf_packed_mask(attention_mask, impl, self.hf.dtype)
+            attention_mask = hf_packed_mask(attention_mask, impl, self.hf.dtype, self.windows)
         out = self.hf(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -80,6 +89,17 @@ class HFCausalLM(nn.Module):
             use_cache=False,
         )
         return out.logits
+
+    def packed_problem(self) -> str | None:
+        """Why packed rows would not compute each document alone with this model (its config,
+        then one packed forward against the documents alone); None when they do."""
+        why = packed_attention_problem(self.hf.config)
+        impl = getattr(self.hf.config, "_attn_implementation", None) or ""
+        if why is None and "flash" not in impl:  # flash: no mask, documents from position_ids
+            w = self.windows
+            window = w.get("sliding_attention") if isinstance(w, dict) else w
+            why = packed_self_check(self, self.hf.config.vocab_size, window)
+        return None if why is None else packed_refusal(self.source, why)
 
 
 def hf_config_dict(spec: str | dict | None) -> dict:
@@ -109,7 +129,9 @@ def _build_hf(cfg: ModelConfig, max_positions: int) -> nn.Module:
     if cfg.hf_pretrained is not None:
         from pipeline.learn.pretrained import load_pretrained
 
-        return HFCausalLM(load_pretrained(cfg, max_positions))
+        return HFCausalLM(
+            load_pretrained(cfg, max_positions), source=f"model.hf_pretrained={cfg.hf_pretrained}"
+        )
     try:
         from transformers import AutoConfig, AutoModelForCausalLM
     except ImportError:

@@ -29,6 +29,7 @@ __all__ = [
     "WandbLogger",
     "TeeLogger",
     "SkipLoggedSteps",
+    "log_summary",
     "run_id_for",
     "wandb_mode",
     "make_logger",
@@ -39,6 +40,14 @@ class MetricLogger(Protocol):
     def log(self, metrics: dict[str, Any], step: int) -> None: ...
 
     def finish(self) -> None: ...
+
+
+def log_summary(logger: Any, values: dict[str, Any]) -> None:
+    """Put `values` into the run's summary (not a step's metrics): W&B's run summary, a
+    ListLogger's `summary`; loggers without one (a JSON-lines file, a NullLogger) skip it."""
+    put = getattr(logger, "summary", None)
+    if callable(put):
+        put(values)
 
 
 class NullLogger:
@@ -56,9 +65,13 @@ class ListLogger:
 
     def __init__(self) -> None:
         self.records: list[tuple[int, dict[str, Any]]] = []
+        self.summaries: dict[str, Any] = {}
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         self.records.append((step, dict(metrics)))
+
+    def summary(self, values: dict[str, Any]) -> None:
+        self.summaries.update(values)
 
     def finish(self) -> None:
         pass
@@ -120,6 +133,9 @@ class WandbLogger:
     def log(self, metrics: dict[str, Any], step: int) -> None:
         self._run.log(metrics, step=step)
 
+    def summary(self, values: dict[str, Any]) -> None:
+        self._run.summary.update(values)
+
     def finish(self) -> None:
         self._run.finish()
 
@@ -133,6 +149,10 @@ class TeeLogger:
     def log(self, metrics: dict[str, Any], step: int) -> None:
         for lg in self.loggers:
             lg.log(metrics, step)
+
+    def summary(self, values: dict[str, Any]) -> None:
+        for lg in self.loggers:
+            log_summary(lg, values)
 
     def finish(self) -> None:
         for lg in self.loggers:
@@ -161,6 +181,9 @@ class SkipLoggedSteps:
             tmp = self.path.with_name(self.path.name + ".tmp")
             tmp.write_text(json.dumps({"step": step}))
             os.replace(tmp, self.path)
+
+    def summary(self, values: dict[str, Any]) -> None:
+        log_summary(self.inner, values)
 
     def finish(self) -> None:
         self.inner.finish()

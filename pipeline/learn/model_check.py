@@ -15,7 +15,7 @@ from torch import nn
 from pipeline.core.config import ConfigError, ModelConfig
 from pipeline.learn.factory import build_model, hf_config_dict, model_kind
 
-__all__ = ["ModelBuildError", "build_model_or_refuse", "check_model"]
+__all__ = ["ModelBuildError", "build_model_or_refuse", "check_model", "check_packed_model"]
 
 
 def _out_of_memory(e: BaseException) -> bool:
@@ -58,6 +58,26 @@ def check_model(cfg: ModelConfig) -> None:
         )
 
 
+def check_packed_model(cfg: ModelConfig) -> None:
+    """Refuse on the driver, before any worker starts, a Hugging Face model whose attention a
+    packed row's per-document mask cannot confine (pipeline.learn.hf_packed), naming the key.
+    (A pretrained directory's config.json is read once its listing has been checked.)"""
+    if model_kind(cfg.name) != "hf":
+        return
+    from pipeline.learn.hf_packed import packed_attention_problem, packed_refusal
+    from pipeline.learn.model_record import resolved_hf_config
+
+    try:
+        conf = resolved_hf_config(cfg)
+    except ConfigError:
+        raise
+    except Exception:  # noqa: BLE001 - what building reveals is the worker's one line
+        return
+    why = packed_attention_problem(conf)
+    if why:
+        raise ModelBuildError(packed_refusal(_key_of(cfg), why))
+
+
 def _require_transformers():
     try:
         import transformers
@@ -66,6 +86,15 @@ def _require_transformers():
             "model.name=hf_causal_lm needs Hugging Face transformers: pip install 'bucketray[hf]'"
         ) from None
     return transformers
+
+
+def _key_of(cfg: ModelConfig) -> str:
+    """The setting a build error is about: the pretrained directory when there is one."""
+    if model_kind(cfg.name) != "hf":
+        return f"model.name={cfg.name}"
+    if cfg.hf_pretrained is not None:
+        return f"model.hf_pretrained={cfg.hf_pretrained}"
+    return "model.hf_config"
 
 
 def build_model_or_refuse(cfg: ModelConfig, max_positions: int) -> nn.Module:
@@ -77,6 +106,6 @@ def build_model_or_refuse(cfg: ModelConfig, max_positions: int) -> nn.Module:
     except Exception as e:  # transformers' own validation errors derive from Exception only
         if _out_of_memory(e):
             raise
-        key = "model.hf_config" if model_kind(cfg.name) == "hf" else f"model.name={cfg.name}"
+        key = _key_of(cfg)
         text = " ".join(str(e).split()) or type(e).__name__
         raise ModelBuildError(f"{key}: cannot build the model ({text})") from e

@@ -11,7 +11,15 @@ from torch import nn
 from pipeline.core.config import TrainConfig
 from pipeline.core.runlength import run_length
 
-__all__ = ["build_optimizer", "build_scheduler", "lr_factor", "optimizer_steps"]
+__all__ = [
+    "RESUMED_SETTINGS",
+    "build_optimizer",
+    "build_scheduler",
+    "load_with_current_settings",
+    "lr_factor",
+    "optimizer_settings",
+    "optimizer_steps",
+]
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
@@ -59,3 +67,64 @@ def optimizer_steps(steps_per_epoch: int | Sequence[int], cfg: TrainConfig) -> i
     """Optimizer steps of the whole run (pipeline.core.runlength.run_length owns the rule);
     `steps_per_epoch`: one count for every epoch, or each epoch's planned count."""
     return run_length(steps_per_epoch, cfg).optimizer_steps
+
+
+# The optimizer settings a resume takes from the current config (the checkpoint keeps the
+# moments, step counts and the schedule's position): a lower train.lr after a loss spike is the
+# usual reason to resume with an edited config.
+RESUMED_SETTINGS = ("lr", "weight_decay", "betas", "grad_clip", "min_lr_ratio", "schedule")
+
+
+def optimizer_settings(cfg: TrainConfig, total_steps: int) -> dict:
+    """What a checkpoint records of the optimizer settings (`train.*`, warmup resolved to
+    optimizer steps), to name what a resume changes."""
+    out = {k: getattr(cfg, k) for k in RESUMED_SETTINGS}
+    out["betas"] = list(cfg.betas)
+    out["warmup_steps"] = cfg.warmup_for(total_steps)
+    return out
+
+
+def _settings_of(opt_state: dict, sched_state: dict) -> dict:
+    """The settings an older checkpoint (without a record) shows in its optimizer's state."""
+    g = opt_state["param_groups"][0]
+    base = sched_state.get("base_lrs") or [g.get("initial_lr", g["lr"])]
+    return {"lr": base[0], "weight_decay": g["weight_decay"], "betas": list(g["betas"])}
+
+
+def load_with_current_settings(
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LambdaLR,
+    opt_state: dict,
+    sched_state: dict,
+    recorded: dict | None,
+    current: dict,
+) -> list[str]:
+    """Load the optimizer's and scheduler's state from a checkpoint, keeping the settings the
+    current config gave them (peak lr, weight decay, betas per parameter group; the schedule's
+    shape: its lambdas are this config's). Returns what changed, as `train.<key>: old -> new`
+    (`recorded`: the checkpoint's `optimizer_settings`, None in older checkpoints)."""
+    groups = [{k: g[k] for k in ("weight_decay", "betas")} for g in optimizer.param_groups]
+    base = list(scheduler.base_lrs)
+    optimizer.load_state_dict(opt_state)
+    scheduler.load_state_dict(sched_state)  # function lambdas are not in its state: ours stay
+    scheduler.base_lrs = base
+    for g, hp, b, fn in zip(
+        optimizer.param_groups, groups, base, scheduler.lr_lambdas, strict=True
+    ):
+        g.update(hp, initial_lr=b, lr=b * fn(scheduler.last_epoch))
+    # What get_last_lr() answers until the next scheduler.step() (the LR the next step uses).
+    scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
+    old = recorded if recorded is not None else _settings_of(opt_state, sched_state)
+    return [
+        f"train.{k}: {old[k]!r} -> {current[k]!r}"
+        for k in current
+        if k in old and _differs(old[k], current[k])
+    ]
+
+
+def _differs(a, b) -> bool:
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) != len(b) or any(_differs(x, y) for x, y in zip(a, b, strict=False))
+    if isinstance(a, float) or isinstance(b, float):
+        return not math.isclose(float(a), float(b), rel_tol=1e-12, abs_tol=0.0)
+    return a != b

@@ -27,7 +27,10 @@ Kernels, chosen per call:
   mask [B, 1, T, T]. It computes (and stores) the row's whole square, so it is the reference the
   grouped path is tested against, and what Hugging Face models get (below).
 - Hugging Face models: per-document `position_ids` and the same block-diagonal mask as a 4D mask
-  (a 4D mask is used as given), boolean for SDPA, additive for eager attention. SDPA ignores a
+  (a 4D mask is used as given), boolean for SDPA, additive for eager attention; a model's
+  sliding window is applied within each document (one mask per layer type where its layers
+  differ), and attention a mask cannot confine (ALiBi, chunked, recurrent layers) is refused
+  (pipeline/learn/hf_packed.py). SDPA ignores a
   restart of `position_ids`, so without the mask every document would attend to the ones before
   it in its row. Flash-attention implementations get no mask and derive the documents from the
   restarting `position_ids`, as Hugging Face's own flattening collator expects.
@@ -66,10 +69,13 @@ def is_packed(attention_mask: torch.Tensor) -> bool:
     return attention_mask.dtype == torch.int32
 
 
-def block_causal_mask(doc: torch.Tensor) -> torch.Tensor:
-    """[B, 1, T, T] bool: query i may see key j iff j <= i and both are in the same document."""
+def block_causal_mask(doc: torch.Tensor, window: int | None = None) -> torch.Tensor:
+    """[B, 1, T, T] bool: query i may see key j iff j <= i and both are in the same document
+    (and, with a sliding `window`, i - j < window, as transformers' sliding-window masks)."""
     T = doc.shape[-1]
     causal = torch.ones(T, T, dtype=torch.bool, device=doc.device).tril()
+    if window is not None:
+        causal = causal & ~torch.ones(T, T, dtype=torch.bool, device=doc.device).tril(-window)
     return ((doc[:, :, None] == doc[:, None, :]) & causal)[:, None]
 
 
@@ -366,20 +372,37 @@ def document_attention(
     return document_attention_qkv(_fused(q, k, v), doc, dropout_p).transpose(1, 2)
 
 
-def hf_packed_mask(doc: torch.Tensor, attn_implementation: str | None, dtype: torch.dtype):
+def hf_packed_mask(
+    doc: torch.Tensor,
+    attn_implementation: str | None,
+    dtype: torch.dtype,
+    windows: int | dict[str, int | None] | None = None,
+):
     """The 4D mask to hand a Hugging Face model for a packed batch (module docstring), or None
-    for flash-attention implementations, which take the documents from `position_ids`."""
+    for flash-attention implementations, which take the documents from `position_ids`.
+    `windows` (pipeline.learn.hf_packed.packed_windows): a sliding window every layer applies,
+    per document; or, for a model whose layers differ, one mask per layer type (the mapping
+    such models take in place of one mask)."""
     if attn_implementation and "flash" in attn_implementation:
         return None
-    allowed = block_causal_mask(doc)
+    if isinstance(windows, dict):
+        masks = {w: block_causal_mask(doc, w) for w in set(windows.values())}
+        return {t: _as_hf_mask(masks[w], attn_implementation, dtype) for t, w in windows.items()}
+    return _as_hf_mask(block_causal_mask(doc, windows), attn_implementation, dtype)
+
+
+def _as_hf_mask(allowed: torch.Tensor, attn_implementation: str | None, dtype: torch.dtype):
+    """Boolean for SDPA and flex attention, additive (0 / dtype's min) for eager attention."""
     if attn_implementation in (None, "sdpa", "flex_attention"):
         return allowed
-    neg = torch.zeros(allowed.shape, dtype=dtype, device=doc.device)
+    neg = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
     return neg.masked_fill_(~allowed, torch.finfo(dtype).min)
 
 
 def require_packed_support(model) -> None:
-    """Refuse a model that would read a packed batch's document numbers as a padding mask."""
+    """Refuse a model that would read a packed batch's document numbers as a padding mask, or
+    whose attention a per-document mask cannot confine (its `packed_problem()`, e.g. a Hugging
+    Face model with ALiBi or recurrent layers: pipeline.learn.hf_packed)."""
     if not getattr(model, "supports_packed", False):
         raise ValueError(
             f"batching.mode=packed needs a model that attends within documents; "
@@ -387,3 +410,7 @@ def require_packed_support(model) -> None:
             "hf_causal_lm, or make your model honour document numbers in attention_mask "
             "(pipeline/learn/packed_attention.py) and set supports_packed = True"
         )
+    problem = getattr(model, "packed_problem", None)
+    why = problem() if callable(problem) else None
+    if why:
+        raise ValueError(why)

@@ -4,8 +4,11 @@
 Loaded safely: weights from safetensors only (never a pickle: `.bin` / `.pt` files are refused,
 not read), no hub access (`local_files_only`), and no Python from the directory unless
 `model.hf_trust_remote_code` says so. `check_pretrained` runs on the driver before any worker
-starts, reading config.json and the file listing only; each worker then loads the weights
-itself (a bucket directory is copied once per node into a local cache first).
+starts, reading config.json, the file listing and the weight files' headers only (a file cut
+short, tensors missing, extra or of another shape are refused there: pipeline/learn/
+pretrained_weights.py); each worker then loads the weights itself (a bucket directory is copied
+once per node into a local cache first) and refuses a load transformers reports as incomplete,
+where it would start the missing tensors from random.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ from pathlib import Path
 import pyarrow.fs as pafs
 
 from pipeline.core.config import ConfigError, ModelConfig
+from pipeline.learn.pretrained_weights import check_weights, refuse_mismatch
 
-__all__ = ["check_pretrained", "load_pretrained", "local_copy"]
+__all__ = ["check_pretrained", "load_pretrained", "local_copy", "read_config_json"]
 
 _KEY = "model.hf_pretrained"
 # Weight files a save_pretrained directory may hold that unpickle Python objects when loaded.
@@ -66,11 +70,7 @@ def check_pretrained(cfg: ModelConfig, max_positions: int) -> dict:
             )
             + ": save it again with save_pretrained(..., safe_serialization=True)"
         )
-    with fs.open_input_stream(f"{root}/config.json") as f:
-        try:
-            conf = json.loads(f.read())
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{_KEY}: {uri}/config.json is not valid JSON ({e})") from None
+    conf = _config_json(fs, root, uri)
     if conf.get("auto_map") and not cfg.hf_trust_remote_code:
         raise ConfigError(
             f"{_KEY}={uri!r} needs its own Python code (config.json auto_map); read it, then set "
@@ -88,7 +88,27 @@ def check_pretrained(cfg: ModelConfig, max_positions: int) -> dict:
             f"{_KEY}: the model's max_position_embeddings={limit} is below the top bucket edge "
             f"{max_positions}: lower data.max_length (or the bucket edges) to at most {limit}"
         )
+    check_weights(fs, root, names, conf, uri)
     return conf
+
+
+def _config_json(fs: pafs.FileSystem, root: str, uri: str) -> dict:
+    with fs.open_input_stream(f"{root}/config.json") as f:
+        try:
+            return json.loads(f.read())
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{_KEY}: {uri}/config.json is not valid JSON ({e})") from None
+
+
+def read_config_json(uri: str) -> dict:
+    """The config.json of the save_pretrained directory `uri` (local or s3://)."""
+    fs, root = _fs(uri)
+    try:
+        return _config_json(fs, root, uri)
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{_KEY}={uri!r} has no config.json: save the model with save_pretrained"
+        ) from None
 
 
 def local_copy(uri: str, cache_root: str | None = None) -> Path:
@@ -130,9 +150,23 @@ def load_pretrained(cfg: ModelConfig, max_positions: int):
             "model.hf_pretrained needs Hugging Face transformers: pip install 'bucketray[hf]'"
         ) from None
     check_pretrained(cfg, max_positions)
-    return AutoModelForCausalLM.from_pretrained(
-        str(local_copy(cfg.hf_pretrained)),
-        use_safetensors=True,
-        local_files_only=True,
-        trust_remote_code=cfg.hf_trust_remote_code,
-    )
+    from transformers.utils import logging as hf_logging
+
+    # Its load report would only reach this worker's log: the account it returns is refused
+    # below in one line instead (mismatched sizes included, which it would raise pointing at
+    # that report).
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(
+            str(local_copy(cfg.hf_pretrained)),
+            use_safetensors=True,
+            local_files_only=True,
+            trust_remote_code=cfg.hf_trust_remote_code,
+            output_loading_info=True,
+            ignore_mismatched_sizes=True,
+        )
+    finally:
+        hf_logging.set_verbosity(level)
+    refuse_mismatch(cfg.hf_pretrained, info)
+    return model

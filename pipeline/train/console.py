@@ -1,8 +1,9 @@
 """What a run prints: its own lines, not Ray's start-up, progress blocks and worker chatter.
 
 By default the driver's console shows the lines this project writes (they start with
-`[bucketray]`; warnings from its code are turned into such lines on the workers) and Ray's
-warnings and errors from the driver itself. Everything else -- Ray's start-up banner, Ray Data's
+`[bucketray]`; warnings raised on the workers, the feeder and the index tasks come through the
+run's warning collector, once each: `pipeline.data.run_warnings`) and Ray's warnings and errors
+from the driver itself. Everything else -- Ray's start-up banner, Ray Data's
 progress blocks, Ray Train's controller and worker messages, W&B's banners -- still goes to Ray's
 session logs (`/tmp/ray/session_latest/logs` on the head: `worker-*.out`, `ray-data.log`), and
 `--debug` prints it on the console as Ray would.
@@ -16,8 +17,8 @@ from __future__ import annotations
 
 import functools
 import logging
-import sys
-import warnings
+
+from pipeline.data.run_warnings import RUN_PREFIX
 
 __all__ = [
     "RUN_PREFIX",
@@ -25,10 +26,8 @@ __all__ = [
     "is_run_line",
     "quiet_driver_logging",
     "show_run_lines_only",
-    "run_warnings_as_lines",
 ]
 
-RUN_PREFIX = "[bucketray]"
 # Train V2 patches `print` on its workers to tee into the root logger; with W&B wrapping stdout,
 # every line then reached the console twice. Our lines are plain prints, so the patch is off.
 WORKER_ENV = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
@@ -90,17 +89,3 @@ def show_run_lines_only() -> None:
 
     global_worker_stdstream_dispatcher.remove_handler("ray_print_logs")
     global_worker_stdstream_dispatcher.add_handler("ray_print_logs", handler)
-
-
-def run_warnings_as_lines() -> None:
-    """On a worker: a warning from this project's code becomes one `[bucketray] warning:` line
-    (shown on the driver); other libraries' warnings keep Python's format (kept in the logs)."""
-    default = warnings.showwarning
-
-    def show(message, category, filename, lineno, file=None, line=None):
-        if "/pipeline/" in str(filename).replace("\\", "/"):
-            print(f"{RUN_PREFIX} warning: {message}", file=sys.stderr, flush=True)
-        else:
-            default(message, category, filename, lineno, file, line)
-
-    warnings.showwarning = show

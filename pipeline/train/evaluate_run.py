@@ -20,7 +20,10 @@ from pipeline.data.fs import filesystem_for
 from pipeline.learn.checkpoint import RUN_CONFIG_FILE, STATE_FILE, CheckpointError, DataPosition
 
 __all__ = [
+    "ASYNC_EVALS_DIR",
     "EVAL_RESULT_FILE",
+    "read_async_evals",
+    "validate_checkpoint",
     "EvalTarget",
     "eval_loop",
     "evaluate_checkpoint",
@@ -29,6 +32,8 @@ __all__ = [
 ]
 
 EVAL_RESULT_FILE = "eval.json"
+# eval.mode=async: one JSON record per evaluation, <run dir>/evals/step_<8 digits>.json.
+ASYNC_EVALS_DIR = "evals"
 
 
 @dataclass(frozen=True)
@@ -179,3 +184,61 @@ def evaluate_checkpoint(cfg: RunConfig, target: EvalTarget, *, log=print) -> dic
             raise
         raise cause from None
     return dict(result.metrics)
+
+
+def _evaluate_weights(cfg: RunConfig, state: dict, held_out, edges: list[int], device) -> dict:
+    """The `eval/*` figures of weights `state` on one process (no process group)."""
+    from pipeline.data.evalset import rank_eval_batches
+    from pipeline.learn.model_check import build_model_or_refuse
+    from pipeline.train.evaluation import Evaluator
+
+    model = build_model_or_refuse(cfg.model, max_positions=edges[-1]).to(device)
+    model.load_state_dict(state)
+    batches = rank_eval_batches(cfg, held_out, top=edges[-1], rank=0, world_size=1)
+    bf16 = cfg.train.bf16 == "on" or (cfg.train.bf16 == "auto" and device.type == "cuda")
+    return Evaluator(cfg.eval, batches, edges=edges, device=device, bf16=bf16).run(model)
+
+
+def validate_checkpoint(
+    checkpoint, *, step: int, epoch: int, eval_set: list, edges: list[int], run_dir: str
+) -> dict:
+    """Ray Train's validation function (eval.mode=async): evaluate a reported checkpoint in a
+    task of its own, on one process, and record the figures in `<run_dir>/evals/` (where the
+    run's picture finds them) as well as returning them to Ray Train."""
+    import time
+
+    import ray
+    import torch
+
+    t0 = time.perf_counter()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    with checkpoint.as_directory() as d:
+        cfg = RunConfig.model_validate(json.loads((Path(d) / RUN_CONFIG_FILE).read_text()))
+        state = torch.load(f"{d}/model.pt", map_location=device, weights_only=True)
+    metrics = _evaluate_weights(cfg, state, ray.get(eval_set[0]), edges, device)
+    metrics["eval/latency_s"] = time.perf_counter() - t0
+    record = {"step": int(step), "epoch": int(epoch), **metrics}
+    fs, root = filesystem_for(run_dir)
+    folder = f"{root.rstrip('/')}/{ASYNC_EVALS_DIR}"
+    fs.create_dir(folder, recursive=True)
+    with fs.open_output_stream(f"{folder}/step_{int(step):08d}.json") as f:
+        f.write(json.dumps(record, indent=1).encode())
+    from pipeline.train.evaluation import eval_line
+
+    print(eval_line(int(step), int(epoch), metrics) + " (async)", flush=True)
+    return metrics
+
+
+def read_async_evals(fs, rdir: str, num_buckets: int):
+    """The evaluations eval.mode=async recorded under a run directory, as an EvalHistory."""
+    import pyarrow.fs as pafs
+
+    from pipeline.train.history import EvalHistory
+
+    out = EvalHistory()
+    sel = pafs.FileSelector(f"{rdir.rstrip('/')}/{ASYNC_EVALS_DIR}", allow_not_found=True)
+    for info in sorted(fs.get_file_info(sel), key=lambda i: i.base_name):
+        if info.base_name.endswith(".json"):
+            r = _read_json(fs, info.path)
+            out.append(r["step"], r["epoch"], r, num_buckets, r["eval/seconds"])
+    return out

@@ -3,9 +3,10 @@
 Joins the cluster named by --address or RAY_ADDRESS (set by `ray job submit`), else starts a
 private local Ray instance; checks what can be checked before any worker starts (stable paths
 inside a submitted job, resources, the resume position against the current plan); takes the
-run directory's lease; builds the length index and bucket edges once, plans the epochs (for
-their hashes and `epoch/*` summaries), starts the data layer's feeder actor and runs
-`pipeline.train.loop.train_loop` on `scaling.num_workers` workers. Resubmitting with the same
+run directory's lease; starts the run's warning collector (the feeder's, the index tasks' and
+the workers' warnings reach this console once each); builds the length index and bucket edges
+once, plans the epochs (for their hashes and `epoch/*` summaries), starts the data layer's
+feeder actor and runs `pipeline.train.loop.train_loop` on `scaling.num_workers` workers. Resubmitting with the same
 checkpoint.storage_path and run_name resumes: Ray Train hands the loop its latest checkpoint.
 """
 
@@ -16,6 +17,8 @@ import signal
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +36,7 @@ from pipeline.data.driver import (
     plan_run,
     start_run_feeder,
 )
+from pipeline.data.run_warnings import ConsoleRelay, collector_name, start_collector
 from pipeline.learn.checkpoint import SAVE_FAIL_ENV
 from pipeline.train.console import (
     WORKER_ENV,
@@ -99,11 +103,15 @@ class TrainSummary:
 
 def check_pretrained_model(cfg: RunConfig, max_positions: int) -> None:
     """What the driver can check of the model before any worker starts: a pretrained directory's
-    files and limits (one ConfigError line instead of a failure in every worker)."""
+    files, weights and limits, and in packed mode its attention (one ConfigError line instead
+    of a failure in every worker)."""
     if cfg.model.hf_pretrained is not None:
+        from pipeline.learn.model_check import check_packed_model
         from pipeline.learn.pretrained import check_pretrained
 
         check_pretrained(cfg.model, max_positions)
+        if cfg.batching.mode == "packed":
+            check_packed_model(cfg.model)
 
 
 def storage_path(cfg: RunConfig) -> str:
@@ -246,11 +254,34 @@ def run(cfg: RunConfig, *, address: str | None = None, debug: bool = False) -> T
 def _run_leased(
     cfg: RunConfig, address: str | None, fs, rdir: str, t0: float, debug: bool = False
 ) -> TrainSummary:
+    _check_resources(cfg, wait_s=NODES_WAIT_S if init_ray(address, debug=debug) else 0.0)
+    with _warnings_relay(cfg) as warnings_to:
+        return _train(cfg, fs, rdir, t0, warnings_to)
+
+
+@contextmanager
+def _warnings_relay(cfg: RunConfig) -> Iterator[str | None]:
+    """The run's warning collector, and the console lines of what it receives: warnings of the
+    feeder, the index tasks and the workers, once each (`pipeline.data.run_warnings`)."""
+    import ray
+
+    if not ray.is_initialized():  # a caller standing in for Ray: nothing to collect from
+        yield None
+        return
+    name = collector_name(f"{cfg.checkpoint.run_name}-{uuid.uuid4().hex[:8]}")
+    collector = start_collector(name)
+    try:
+        with ConsoleRelay(name):
+            yield name
+    finally:
+        ray.kill(collector)
+
+
+def _train(cfg: RunConfig, fs, rdir: str, t0: float, warnings_to: str | None) -> TrainSummary:
     import ray
 
     from pipeline.data.rowcache import RowCache
 
-    _check_resources(cfg, wait_s=NODES_WAIT_S if init_ray(address, debug=debug) else 0.0)
     data = find_run_data(cfg)
     index, edges = data.index, data.edges
     check_pretrained_model(cfg, edges[-1])
@@ -283,7 +314,7 @@ def _run_leased(
         cfg, data, plan, name=feeder_name, world_size=fixed_world_size(cfg), at=at
     )
     try:
-        inputs = _loop_inputs(cfg, feeder_name, edges, steps, epochs, files, held_out)
+        inputs = _loop_inputs(cfg, feeder_name, edges, steps, epochs, files, warnings_to, held_out)
         result = _fit(cfg, inputs, flag)
     finally:
         ray.kill(feeder)
@@ -345,6 +376,7 @@ def _loop_inputs(
     steps: list[int],
     epochs: list[dict],
     data_files: dict,
+    warnings_to: str | None = None,
     eval_set: list | None = None,
 ):
     wandb_dir = cfg.wandb.dir or (run_dir(cfg) if "://" not in run_dir(cfg) else "wandb")
@@ -356,8 +388,29 @@ def _loop_inputs(
         epochs=epochs,
         wandb_dir=str(Path(wandb_dir).absolute()) if "://" not in wandb_dir else "wandb",
         data_files=data_files,
+        warnings=warnings_to,
         eval_set=list(eval_set or []),
     )
+
+
+def _validation_config(cfg: RunConfig, inputs: LoopInputs):
+    """eval.mode=async: Ray Train's ValidationConfig running `validate_checkpoint` on each
+    checkpoint reported for evaluation, with one worker's resources; None otherwise."""
+    if cfg.eval is None or cfg.eval.mode != "async" or not inputs.eval_set:
+        return None
+    from functools import partial
+
+    from ray.train.v2.api.validation_config import ValidationConfig
+
+    from pipeline.train.evaluate_run import validate_checkpoint
+
+    fn = partial(
+        validate_checkpoint, eval_set=inputs.eval_set, edges=inputs.edges, run_dir=run_dir(cfg)
+    )
+    resources = {"num_cpus": cfg.scaling.cpus_per_worker}
+    if cfg.scaling.use_gpu:
+        resources["num_gpus"] = 1
+    return ValidationConfig(fn=fn, ray_remote_kwargs=resources)
 
 
 def _fit(cfg: RunConfig, inputs: LoopInputs, stop_flag):
@@ -373,6 +426,7 @@ def _fit(cfg: RunConfig, inputs: LoopInputs, stop_flag):
     trainer = trainer_class(lambda: request_stop(stop_flag, "signal"))(
         train_loop,
         train_loop_config=inputs.to_dict(),
+        validation_config=_validation_config(cfg, inputs),
         scaling_config=ray.train.ScalingConfig(
             num_workers=cfg.scaling.ray_num_workers(),
             use_gpu=cfg.scaling.use_gpu,

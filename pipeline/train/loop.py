@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from pipeline.core.config import RunConfig
+from pipeline.data.run_warnings import forward_warnings, warning_counts
 from pipeline.learn.checkpoint import CheckpointStorageError, load_checkpoint
-from pipeline.learn.logger import make_logger
-from pipeline.train.console import run_warnings_as_lines
+from pipeline.learn.logger import MetricLogger, log_summary, make_logger
 from pipeline.train.faults import FAIL_AT_STEP_ENV, FAIL_MARKER_ENV, FAIL_RANK_ENV
 from pipeline.train.history import EvalHistory, StepHistory
 from pipeline.train.progress import SampleRecorder
@@ -44,6 +44,7 @@ class LoopInputs:
     epochs: list[dict]  # per epoch: {"hash": plan hash, "metrics": {"epoch/...": ...}}
     wandb_dir: str
     data_files: dict = field(default_factory=dict)  # per-shard digests (pipeline.core.manifest)
+    warnings: str | None = None  # the run's warning collector (pipeline.data.run_warnings)
     # [ObjectRef of the held-out EvalSet] (a list: Ray does not dereference it); [] without eval
     eval_set: list = field(default_factory=list)
 
@@ -51,20 +52,51 @@ class LoopInputs:
         return dict(self.__dict__)
 
 
-def _report(directory: str, metrics: dict, name: str, *, storage_path: str = "") -> None:
+class WarningsInSummary:
+    """The run's logger, whose finish first writes every warning of the run (the collector's
+    texts with their counts and processes) into the run's summary (rank 0 only)."""
+
+    def __init__(self, inner: MetricLogger, collector: str | None):
+        self.inner, self.collector = inner, collector
+
+    def log(self, metrics: dict, step: int) -> None:
+        self.inner.log(metrics, step)
+
+    def finish(self) -> None:
+        found = warning_counts(self.collector)
+        if found:
+            log_summary(self.inner, {"warnings": found, "warnings/count": len(found)})
+        self.inner.finish()
+
+
+def _report(
+    directory: str,
+    metrics: dict,
+    name: str,
+    *,
+    storage_path: str = "",
+    validation: dict | None = None,
+) -> None:
     """Report `metrics` with the checkpoint in `directory` (Ray Train copies it to the run's
-    storage as `name`). A write that storage refuses for good (disk full, read-only,
-    permission) removes the partial copy -- nothing a resume could take for a checkpoint --
-    and ends the run naming checkpoint.storage_path."""
+    storage as `name`); with `validation` (eval.mode=async), Ray Train evaluates it in a task of
+    its own, `validation` as the task's keyword arguments. A write that storage refuses for good
+    (disk full, read-only, permission) removes the partial copy -- nothing a resume could take
+    for a checkpoint -- and ends the run naming checkpoint.storage_path."""
     import ray.train
 
     from pipeline.train.control import is_permanent_os_error
 
+    extra = {}
+    if validation is not None:
+        from ray.train.v2.api.validation_config import ValidationTaskConfig
+
+        extra["validation"] = ValidationTaskConfig(fn_kwargs=validation)
     try:
         ray.train.report(
             metrics,
             checkpoint=ray.train.Checkpoint.from_directory(directory),
             checkpoint_dir_name=name,
+            **extra,
         )
     except OSError as e:
         if not is_permanent_os_error(e):
@@ -118,11 +150,11 @@ def train_loop(config: dict) -> None:
 
     from pipeline.data import rank_batches  # the Ray Data layer; imported on the worker
 
-    run_warnings_as_lines()
     inp = LoopInputs(**config)
-    cfg = RunConfig.model_validate(inp.cfg)
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    forward_warnings(inp.warnings, f"rank {rank}")  # to the driver's console, once each
+    cfg = RunConfig.model_validate(inp.cfg)
     device = ray.train.torch.get_device()
     check_device(device, rank)
     spec = RunSpec(
@@ -138,7 +170,7 @@ def train_loop(config: dict) -> None:
     # Rank 0 asks the driver's stop flag; every rank joins the all-reduce that makes it unanimous.
     stop = stop_poller(stop_flag_name(cfg.checkpoint.run_name)) if rank == 0 else (lambda: False)
     eval_batches = None
-    if cfg.eval is not None and inp.eval_set:
+    if cfg.eval is not None and cfg.eval.mode == "inline" and inp.eval_set:
         from pipeline.data.evalset import rank_eval_batches
 
         held_out = ray.get(inp.eval_set[0])
@@ -160,12 +192,15 @@ def train_loop(config: dict) -> None:
             trainer.resume(state, StepHistory.read_dir(d), EvalHistory.read_dir(d))
     else:
         trainer.resume(None)
-    logger = make_logger(
-        cfg,
-        rank=rank,
-        run_id=trainer.run_id,
-        wandb_dir=inp.wandb_dir,
-        metrics_file=cfg.train.metrics_file,
+    logger = WarningsInSummary(
+        make_logger(
+            cfg,
+            rank=rank,
+            run_id=trainer.run_id,
+            wandb_dir=inp.wandb_dir,
+            metrics_file=cfg.train.metrics_file,
+        ),
+        inp.warnings if rank == 0 else None,
     )
 
     def batches(epoch: int, start_step: int):

@@ -5,8 +5,8 @@
   directory: outputs a resubmitted job would not find again, inputs the upload left out.
 - `preflight`: the workers plus what Ray Data needs must fit in the cluster, else the run
   deadlocks (workers waiting for data that no CPU is left to read) or waits forever.
-- `check_before_start`: what the config alone decides, before Ray starts: the model can be built,
-  the data is not an unfinished `jobs.tokenize` output, a `data.row_cache_dir` can be written.
+- `check_before_start`: what the config alone decides, before Ray starts: the model can be built
+  (and, in packed mode, confined to each document), the data is not an unfinished `jobs.tokenize` output, a `data.row_cache_dir` can be written.
 - `truncation_summary`: how much `data.over_length: truncate` cuts, for one line at run start.
 """
 
@@ -42,9 +42,11 @@ def check_before_start(cfg: RunConfig) -> None:
     index is built (each one line naming its key or file)."""
     from pipeline.data.rowcache import check_row_cache_dir
     from pipeline.data.source import check_complete_output
-    from pipeline.learn.model_check import check_model
+    from pipeline.learn.model_check import check_model, check_packed_model
 
     check_model(cfg.model)
+    if cfg.batching.mode == "packed" and cfg.model.hf_pretrained is None:
+        check_packed_model(cfg.model)  # a pretrained one: once its directory is checked
     if cfg.data.path is not None:
         check_complete_output(cfg.data.path)
     if cfg.data.row_cache:

@@ -3,7 +3,9 @@
 The worker loop checks a checkpoint's data position against the current plan when it resumes
 (`pipeline.learn.checkpoint.check_resume`). Made only there, a refused resume fails every
 worker start-up Ray Train retries; made here first, it ends the run in seconds with one line
-naming the checkpoint. Also the one line on what `data.over_length=truncate` cuts.
+naming the checkpoint; so is one whose model config differs from the one the checkpoint
+recorded (`pipeline.learn.model_record`), naming the fields. Also the one line on what
+`data.over_length=truncate` cuts.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pipeline.learn.checkpoint import (
     check_resume,
     global_batch_definition,
 )
+from pipeline.learn.model_record import check_same_model, model_record
 
 __all__ = [
     "check_resume_on_driver",
@@ -70,9 +73,12 @@ def check_resume_on_driver(
     continue under this config or data is refused in seconds, not after every retry.
     `data_files` (`data_file_digests`) lets the refusal name the shards that changed."""
     found = latest_position(fs, rdir)
-    if found is None or found[1].epoch >= len(epochs):
+    if found is None:
         return
     path, p = found
+    check_same_model(_recorded_model(fs, path), model_record(cfg.model), where=f" {path}")
+    if p.epoch >= len(epochs):
+        return
     elastic = cfg.scaling.min_workers is not None  # the world size is only known in the workers
     try:
         check_resume(
@@ -85,6 +91,12 @@ def check_resume_on_driver(
         )
     except ResumeError as e:
         raise ResumeError(f"{e} (checkpoint {path})") from None
+
+
+def _recorded_model(fs: pafs.FileSystem, path: str) -> dict | None:
+    """The model record in a checkpoint's state.json (None in older checkpoints)."""
+    with fs.open_input_stream(f"{path}/{STATE_FILE}") as f:
+        return json.loads(f.read()).get("model")
 
 
 def truncation_metrics(index) -> dict[str, int]:

@@ -270,5 +270,9 @@ def draw_run(run_dir: str, out: str | None = None) -> str:
     edges = position.global_batch.get("buckets.edges")
     name = run_dir.rstrip("/").rsplit("/", 1)[-1]
     evals = read_evals(fs, path)
+    if len(evals) == 0:  # eval.mode=async records its evaluations beside the checkpoints
+        from pipeline.train.evaluate_run import read_async_evals
+
+        evals = read_async_evals(fs, rdir, len(edges) - 1 if edges else 1)
     out = out or default_picture_path(run_dir)
     return draw_history(history, out, title=name, edges=edges, evals=evals)

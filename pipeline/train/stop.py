@@ -5,24 +5,44 @@ a signal handler, and the driver's signals never reach it. The driver asks inste
 small named actor, the stop flag:
 
     driver (before TorchTrainer.fit)              every worker (Trainer, each global step)
-    flag = create_stop_flag(stop_flag_name(cfg))  rank 0 polls the flag (at most every poll_s)
+    flag = create_stop_flag(stop_flag_name(cfg))  rank 0 polls the flag (at most every poll_s,
+                                                  and afresh before a checkpoint)
     on SIGINT/SIGTERM: request_stop(flag)         all ranks all-reduce "stop?" -> same step
     keep waiting on trainer.fit()                 finish the step, checkpoint, report, return
 
 `fit()` then returns normally, and the final report carries `stopped=1` with the step it
 stopped at; resubmitting resumes from that checkpoint. Without the actor (a driver that never
 created it) the workers simply never see a request.
+
+The flag also tells the workers that their driver is gone: it is owned by the driver and pinned
+to its node, so once found, a flag that has died means the driver died (SIGKILL, its node lost).
+Nobody would register another checkpoint then (the next attempt resumes from the last one Ray
+Train registered), so rank 0's poll raises `DriverGoneError`, asked afresh before every
+checkpoint, and every rank stops at the same step without writing one.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
-__all__ = ["StopFlag", "stop_flag_name", "create_stop_flag", "request_stop", "stop_poller"]
+__all__ = [
+    "DriverGoneError",
+    "StopFlag",
+    "StopPoller",
+    "create_stop_flag",
+    "request_stop",
+    "stop_flag_name",
+    "stop_poller",
+]
+
+
+class DriverGoneError(RuntimeError):
+    """The run's driver died: the workers stop without another checkpoint (module docstring)."""
+
+    retryable = False
 
 
 def stop_flag_name(run_name: str) -> str:
@@ -70,33 +90,56 @@ def request_stop(flag, reason: str = "stop requested") -> None:
     flag.request.remote(reason)
 
 
-def stop_poller(name: str, poll_s: float = 2.0) -> Callable[[], bool]:
-    """A worker's check of the flag actor `name`: asks it at most every `poll_s` seconds, never
-    waits more than 10 s for an answer, and reads "no request" while the actor does not exist
-    or after it was lost (with its node or its driver): losing the flag must not fail a run
-    that Ray Train can still restart."""
-    import ray
-    from ray.exceptions import GetTimeoutError, RayActorError
+class StopPoller:
+    """A worker's check of the flag actor `name`: `poller()` asks it at most every `poll_s`
+    seconds, `poller.fresh()` now (before a checkpoint); never waits more than 10 s for an
+    answer. A flag not found yet, or unreachable for a moment, reads as "no request"; a flag
+    found once and then dead (or gone from the names) raises DriverGoneError."""
 
-    state = {"next": 0.0, "stop": False, "actor": None}
+    def __init__(self, name: str, poll_s: float = 2.0):
+        self.name, self.poll_s = name, poll_s
+        self.next, self.stop, self.actor, self.seen = 0.0, False, None, False
 
-    def poll() -> bool:
+    def __call__(self) -> bool:
+        return self._poll(fresh=False)
+
+    def fresh(self) -> bool:
+        return self._poll(fresh=True)
+
+    def _gone(self, why: str) -> DriverGoneError:
+        return DriverGoneError(
+            f"the run's driver is gone (its stop flag {self.name} {why}): stopping without "
+            "another checkpoint; resubmit the run to resume from its last registered checkpoint"
+        )
+
+    def _poll(self, fresh: bool) -> bool:
+        import ray
+        from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError
+
         now = time.monotonic()
-        if state["stop"] or now < state["next"]:
-            return state["stop"]
-        state["next"] = now + poll_s
-        if state["actor"] is None:
+        if self.stop or (now < self.next and not fresh):
+            return self.stop
+        self.next = now + self.poll_s
+        if self.actor is None:
             try:
-                state["actor"] = ray.get_actor(name)
-            except ValueError:  # no such actor (yet)
+                self.actor = ray.get_actor(self.name)
+            except ValueError:  # no such actor: not yet, or no longer
+                if self.seen:
+                    raise self._gone("no longer exists") from None
                 return False
+            self.seen = True
         try:
-            state["stop"] = ray.get(state["actor"].requested.remote(), timeout=10) is not None
+            self.stop = ray.get(self.actor.requested.remote(), timeout=10) is not None
+        except ActorDiedError:
+            raise self._gone("died") from None
         except (RayActorError, GetTimeoutError) as e:
-            state["actor"] = None  # looked up again at the next poll (a new driver makes a new one)
+            self.actor = None  # looked up again at the next poll
             log.warning(
-                "stop flag %s unreachable (%s); no stop request seen", name, type(e).__name__
+                "stop flag %s unreachable (%s); no stop request seen", self.name, type(e).__name__
             )
-        return state["stop"]
+        return self.stop
 
-    return poll
+
+def stop_poller(name: str, poll_s: float = 2.0) -> StopPoller:
+    """The poller of the flag actor `name` (see StopPoller)."""
+    return StopPoller(name, poll_s)

@@ -9,7 +9,8 @@ exactly the remaining steps (contract 7).
 A non-finite loss or gradient norm skips the update and, past train.max_nonfinite_steps in a
 row, raises NonFiniteLossError; no checkpoint is written while the state may be non-finite.
 A stop request (`stop()` true on any rank) ends the run after the current step with a
-checkpoint, at the same step on every rank.
+checkpoint, at the same step on every rank; a driver found gone (`stop()` raising
+DriverGoneError) ends it on every rank without one.
 """
 
 from __future__ import annotations
@@ -40,7 +41,13 @@ from pipeline.learn.checkpoint import (
 from pipeline.learn.logger import MetricLogger, NullLogger, run_id_for
 from pipeline.learn.loss import NonFiniteGuard
 from pipeline.learn.model_check import ModelBuildError, build_model_or_refuse
-from pipeline.learn.optim import build_optimizer, build_scheduler
+from pipeline.learn.model_record import check_same_model, load_weights, model_record
+from pipeline.learn.optim import (
+    build_optimizer,
+    build_scheduler,
+    load_with_current_settings,
+    optimizer_settings,
+)
 from pipeline.learn.packed_attention import require_packed_support
 from pipeline.train.evaluation import EvalBatchesFn, Evaluator, eval_line
 from pipeline.train.faults import maybe_fail
@@ -53,10 +60,12 @@ from pipeline.train.progress import (
     step_metrics,
 )
 from pipeline.train.step import GroupStats, all_reduce, train_group
+from pipeline.train.stop import DriverGoneError
 
 __all__ = ["RunSpec", "Trainer", "UnusedParametersError", "seed_worker"]
 
-SaveFn = Callable[[str, dict, str], None]  # (checkpoint directory, metrics, checkpoint name)
+# (checkpoint directory, metrics, checkpoint name[, validation=task kwargs: eval.mode=async])
+SaveFn = Callable[..., None]
 BatchesFn = Callable[[int, int], Iterator]  # (epoch, start step) -> this rank's micro-batches
 
 
@@ -144,6 +153,7 @@ class Trainer:
                 require_packed_support(self.model)
             except ValueError as e:  # a ConfigError: Ray Train raises it at once, no retries
                 raise ModelBuildError(str(e)) from None
+        self.model_record = model_record(cfg.model)  # recorded with every checkpoint
         self.evaluator = None  # held-out evaluation (cfg.eval), over this rank's eval_batches()
         if cfg.eval is not None and eval_batches is not None:
             self.evaluator = Evaluator(
@@ -151,6 +161,7 @@ class Trainer:
             )
         self.optimizer = build_optimizer(self.model, t)
         self.scheduler = build_scheduler(self.optimizer, t, length.optimizer_steps)
+        self.settings = optimizer_settings(t, length.optimizer_steps)
         self.tracker = BucketLossTracker(len(spec.edges) - 1)
         self.guard = NonFiniteGuard(t.max_nonfinite_steps)
         self.position = DataPosition(
@@ -166,6 +177,7 @@ class Trainer:
         self.lr = self.grad_norm = self.debiased = float("nan")  # of the last step
         self.history = StepHistory()  # rank 0's record of every global step, saved in checkpoints
         self.evals = EvalHistory()  # every held-out evaluation, saved in checkpoints
+        self.validate_next = False  # eval.mode=async: the next checkpoint is to be evaluated
         self.last_step_end = time.perf_counter()
 
     def steps_in(self, epoch: int) -> int:
@@ -196,9 +208,23 @@ class Trainer:
                 on_world_size_change=self.cfg.plan.on_world_size_change,
                 data_files=spec.data_files,
             )
-        self.model.load_state_dict(state.model)
-        self.optimizer.load_state_dict(state.optimizer)
-        self.scheduler.load_state_dict(state.scheduler)
+        check_same_model(state.model_record, self.model_record)
+        load_weights(self.model, state.model)
+        # The moments and the schedule's position from the checkpoint, the settings from this
+        # config: a resume with a lower train.lr trains at it, and says so.
+        changed = load_with_current_settings(
+            self.optimizer,
+            self.scheduler,
+            state.optimizer,
+            state.scheduler,
+            state.train_record,
+            self.settings,
+        )
+        if changed and spec.rank == 0:
+            print(
+                f"[bucketray] resuming with new optimizer settings: {', '.join(changed)}",
+                flush=True,
+            )
         self.tracker.load_state_dict(state.tracker)
         self.counters, self.run_id = dict(state.counters), state.wandb_run_id
         self.position = p.normalized(self.steps_in(p.epoch))
@@ -242,8 +268,10 @@ class Trainer:
         status = "done"
         e = self.cfg.eval
         first = self.steps_done == 0 and 0 not in self.evals.steps()
-        if self.evaluator is not None and e.at_start and first:
+        if e is not None and e.at_start and first:
             self.evaluate(self.position.epoch)
+            if self.validate_next:  # eval.mode=async: the untrained weights, checkpointed
+                self.checkpoint(self.position.epoch, self.position.next_step)
         try:
             for epoch in range(self.position.epoch, self.cfg.train.epochs):
                 if self.steps_done >= self.total_steps:
@@ -278,7 +306,8 @@ class Trainer:
             self.maybe_log(stats, before, epoch)
             last_step = stats.steps[-1]
             self.maybe_evaluate(before, epoch, epoch_end=last_step == S - 1)
-            stop = self.stop_requested()
+            due = self.checkpoint_due(before, epoch, last_step + 1)
+            stop = self.stop_requested(fresh=due)  # a driver gone: no checkpoint nobody registers
             self.maybe_checkpoint(before, epoch, last_step + 1, stop=stop)
             maybe_fail(self.steps_done, self.spec.rank)
             if stop:
@@ -375,7 +404,7 @@ class Trainer:
     def maybe_evaluate(self, before: int, epoch: int, *, epoch_end: bool) -> None:
         """Evaluate on the held-out set where `eval:` asks, after the step's log and before its
         checkpoint (so a checkpoint holds the evaluations of its own step)."""
-        if self.evaluator is None or self.cfg.eval is None:
+        if self.cfg.eval is None:
             return
         run_end = self.steps_done == self.total_steps
         if self.cfg.eval.due(before, self.steps_done, epoch_end=epoch_end, run_end=run_end):
@@ -383,7 +412,14 @@ class Trainer:
 
     def evaluate(self, epoch: int) -> dict[str, float]:
         """One held-out evaluation of the current weights on every rank: recorded, logged and,
-        on rank 0, printed. Its time counts neither as a step's nor in tokens per second."""
+        on rank 0, printed. Its time counts neither as a step's nor in tokens per second. With
+        eval.mode=async it is asked of Ray Train instead: this step's checkpoint (written now)
+        is evaluated by a task of its own (`pipeline.train.evaluate_run.validate_checkpoint`)."""
+        if self.cfg.eval.mode == "async":
+            self.validate_next = True
+            return {}
+        if self.evaluator is None:
+            return {}
         m = self.evaluator.run(self.model)
         done, secs = self.steps_done, m["eval/seconds"]
         self.evals.append(done, epoch, m, self.evaluator.num_buckets, secs)
@@ -394,24 +430,39 @@ class Trainer:
         self.last_step_end += secs
         return m
 
-    def stop_requested(self) -> bool:
-        """Whether any rank was asked to stop: all ranks all-reduce it, so all stop together."""
+    def stop_requested(self, fresh: bool = False) -> bool:
+        """Whether any rank was asked to stop: all ranks all-reduce it, so all stop together.
+        A rank whose poll finds the driver gone (DriverGoneError) makes every rank raise it,
+        before any checkpoint; `fresh` asks the poller now rather than at its own pace."""
         if self.stop is None:
             return False
-        flag = torch.tensor([1.0 if self.stop() else 0.0], device=self.spec.device)
-        return bool(all_reduce(flag).item() > 0)
+        asked, gone = 0.0, None
+        try:
+            ask = getattr(self.stop, "fresh", None) if fresh else None
+            asked = 1.0 if (ask or self.stop)() else 0.0
+        except DriverGoneError as e:
+            gone = e
+        flag = torch.tensor([asked, 0.0 if gone is None else 1.0], device=self.spec.device)
+        flag = all_reduce(flag)
+        if flag[1].item() > 0:
+            raise gone or DriverGoneError("another rank found the run's driver gone")
+        return bool(flag[0].item() > 0)
+
+    def checkpoint_due(self, before: int, epoch: int, next_step: int) -> bool:
+        """A checkpoint falls after this step: an epoch end, the run's end, or every
+        checkpoint.every_steps global steps (a stop request adds one)."""
+        done = self.steps_done
+        return (
+            next_step == self.steps_in(epoch)
+            or done == self.total_steps
+            or _crossed(before, done, self.cfg.checkpoint.every_steps)
+        )
 
     def maybe_checkpoint(self, before: int, epoch: int, next_step: int, stop: bool) -> None:
         """Checkpoint at an epoch end, the run's end, every checkpoint.every_steps global steps
         and on a stop request; never while the last step was non-finite."""
         done = self.steps_done
-        due = (
-            stop
-            or next_step == self.steps_in(epoch)
-            or done == self.total_steps
-            or _crossed(before, done, self.cfg.checkpoint.every_steps)
-        )
-        if not due:
+        if not (stop or self.validate_next or self.checkpoint_due(before, epoch, next_step)):
             return
         if self.guard.streak > 0:
             if self.spec.rank == 0:
@@ -441,6 +492,8 @@ class Trainer:
             counters=self.counters,
             tracker=self.tracker.state_dict(),
             rng=rng_state(),
+            model_record=self.model_record,
+            train_record=self.settings,
         )
         metrics = {
             "steps": done,
@@ -458,5 +511,10 @@ class Trainer:
                 self.evals.write(d)
                 save_run_config(d, self.cfg)
             save_checkpoint(d, state, rank=self.spec.rank)
-            self.save(d, metrics, f"checkpoint_step{done:08d}")
+            name = f"checkpoint_step{done:08d}"
+            if self.validate_next:
+                self.save(d, metrics, name, validation={"step": done, "epoch": epoch})
+            else:
+                self.save(d, metrics, name)
+            self.validate_next = False
         self.logger.log({"checkpoint/save_s": time.perf_counter() - t0}, step=done)

@@ -105,3 +105,24 @@ def test_bad_held_out_input_is_one_line_naming_the_fix(cluster, tmp_path):
     # Longer than the top edge: truncated like training (data.over_length=truncate), counted.
     long = load(path=write_held_out(tmp_path / "long", n=10, max_length=200))
     assert long.lengths.max() <= 64 and long.truncated > 0
+
+
+@pytest.mark.slow
+def test_async_evaluations_are_made_by_ray_train_tasks_and_drawn(cluster, tmp_path):
+    from pipeline.train.launch import run
+    from pipeline.train.run_picture import draw_run
+
+    raw = tiny_raw(
+        tmp_path,
+        train={"epochs": 1},
+        checkpoint={"run_name": "async"},
+        eval={"path": write_held_out(tmp_path / "held"), "every_steps": 10, "mode": "async"},
+    )
+    summary = run(validate(raw))
+    run_dir = tmp_path / "runs" / "async"
+    records = [json.loads(p.read_text()) for p in sorted((run_dir / "evals").glob("*.json"))]
+    want = sorted(set(range(10, summary.steps + 1, 10)) | {summary.steps})
+    assert [r["step"] for r in records] == want  # every one, before the run ended
+    assert all(r["eval/samples"] == 40 and r["eval/latency_s"] > 0 for r in records)
+    assert EvalHistory.read_dir(summary.checkpoint).arrays()["step"].size == 0  # none inline
+    assert Path(draw_run(str(run_dir), str(tmp_path / "run.png"))).is_file()

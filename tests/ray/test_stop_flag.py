@@ -1,5 +1,5 @@
-"""The stop flag (pipeline.train.stop): a request reaches the poller; a lost flag reads as "no
-request" instead of failing the run's training function."""
+"""The stop flag (pipeline.train.stop): a request reaches the poller; a flag not created yet
+reads as "no request"; a flag that died means the driver is gone (DriverGoneError)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 import pytest
 import ray
 
-from pipeline.train.stop import create_stop_flag, request_stop, stop_poller
+from pipeline.train.stop import DriverGoneError, create_stop_flag, request_stop, stop_poller
 
 pytestmark = pytest.mark.ray
 
@@ -25,12 +25,28 @@ def test_a_requested_stop_is_seen_by_the_poller(cluster):
         ray.kill(flag)
 
 
-def test_a_lost_stop_flag_reads_as_no_request_instead_of_failing(cluster):
+def test_a_flag_not_created_yet_reads_as_no_request(cluster):
+    poll = stop_poller("bucketray-stop-test-not-yet", poll_s=0.0)
+    assert poll() is False and poll.fresh() is False
+    flag = create_stop_flag("bucketray-stop-test-not-yet")
+    try:
+        request_stop(flag, "SIGTERM")
+        ray.get(flag.requested.remote())
+        assert poll() is True
+    finally:
+        ray.kill(flag)
+
+
+def test_a_flag_that_died_means_the_driver_is_gone(cluster):
+    """The flag is owned by the driver and pinned to its node: once found, a dead flag is a
+    driver that died (SIGKILL), and the workers must stop without another checkpoint."""
     flag = create_stop_flag("bucketray-stop-test-lost")
-    poll = stop_poller("bucketray-stop-test-lost", poll_s=0.0)
+    poll = stop_poller("bucketray-stop-test-lost", poll_s=60.0)
     assert poll() is False  # the poller now holds the actor's handle
     ray.kill(flag, no_restart=True)
-    assert poll() is False  # RayActorError inside: swallowed, the run goes on
+    assert poll() is False  # at its own pace: not asked again yet
+    with pytest.raises(DriverGoneError, match="driver is gone .* died"):
+        poll.fresh()  # before a checkpoint: asked now
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:  # the name is freed once GCS has the actor dead
         try:
@@ -38,15 +54,5 @@ def test_a_lost_stop_flag_reads_as_no_request_instead_of_failing(cluster):
         except ValueError:
             break
         time.sleep(0.2)
-    again = create_stop_flag("bucketray-stop-test-lost")  # a new driver makes a new flag
-    try:
-        request_stop(again, "SIGINT")
-        ray.get(again.requested.remote())
-        # Looked up again by name; for a moment the name may still answer with the killed
-        # actor (GCS frees it asynchronously), which reads as "no request" meanwhile.
-        deadline = time.monotonic() + 30
-        while not poll() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert poll() is True
-    finally:
-        ray.kill(again)
+    again = stop_poller("bucketray-stop-test-lost", poll_s=0.0)
+    assert again() is False  # never found: not yet created, not gone

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import warnings
 
 import pytest
 
@@ -13,7 +12,6 @@ from pipeline.train.console import (
     RUN_PREFIX,
     is_run_line,
     quiet_driver_logging,
-    run_warnings_as_lines,
     show_run_lines_only,
 )
 
@@ -74,10 +72,3 @@ def test_token_auth_notice_is_dropped_but_other_warnings_stay(caplog):
         log.warning("Token authentication is enabled for this Ray cluster.")
         log.warning("something else")
     assert [r.getMessage() for r in caplog.records] == ["something else"]
-
-
-def test_our_warnings_become_run_lines(capsys, monkeypatch):
-    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)
-    run_warnings_as_lines()
-    warnings.showwarning("logging offline instead", UserWarning, "/x/pipeline/learn/logger.py", 3)
-    assert f"{RUN_PREFIX} warning: logging offline instead" in capsys.readouterr().err

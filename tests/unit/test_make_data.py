@@ -87,3 +87,21 @@ def test_make_data_help_runs():
     with pytest.raises(SystemExit) as e:
         main(["--help"])
     assert e.value.code == 0
+
+
+def test_a_held_out_split_of_the_synthetic_corpus_shares_no_id_and_no_tokens(tmp_path):
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from pipeline.data.corpus import write_corpus
+
+    write_corpus(tmp_path, num_samples=300, shards=2, vocab_size=64, heldout=0.1, progress=False)
+    names = sorted(p.name for p in tmp_path.glob("*.parquet"))
+    assert names == ["train-00000.parquet", "train-00001.parquet", "validation-00000.parquet"]
+    train = [pq.read_table(tmp_path / n) for n in names[:2]]
+    held = pq.read_table(tmp_path / names[2])
+    train_ids = np.concatenate([t["sample_id"].to_numpy() for t in train])
+    assert train_ids.size == 300 and held.num_rows == 30
+    assert not set(held["sample_id"].to_pylist()) & set(train_ids.tolist())
+    seen = {tuple(x) for t in train for x in t["input_ids"].to_pylist()}
+    assert not any(tuple(x) in seen for x in held["input_ids"].to_pylist())

@@ -22,21 +22,13 @@ from pipeline.learn.packed_attention import (
     length_groups,
     require_packed_support,
 )
+from tests.helpers import TINY_LLAMA
 
 VOCAB = 64
 DOC_LENS = [5, 9, 3, 7, 12, 4]
 ROWS = [0, 3, 5, 6]  # row 0: docs 0-2 (17 tokens), row 1: docs 3-4 (19), row 2: doc 5 (4)
 ROW_TOKENS = 20
 TINY = ModelConfig(vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, d_ff=64)
-TINY_LLAMA = {
-    "model_type": "llama",
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 64,
-}
 
 
 def _docs(seed=0):

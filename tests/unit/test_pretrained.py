@@ -18,9 +18,9 @@ transformers = pytest.importorskip("transformers")
 VOCAB = 300
 
 
-def save_tiny_llama(path: Path, **extra) -> Path:
+def save_tiny_llama(path: Path, layers: int = 1, **extra) -> Path:
     cfg = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=layers,
         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128, **extra,
     )  # fmt: skip
     torch.manual_seed(0)

@@ -85,3 +85,19 @@ def test_no_evaluation_without_an_eval_section_or_without_held_out_batches(tmp_p
     assert len(t.evals) == 0
     assert not any("eval/loss" in m for _, m in logger.records)
     assert t.steps_done == 2 * STEPS
+
+
+def test_async_evaluations_ask_ray_to_evaluate_a_checkpoint_of_each_evaluation_step(tmp_path):
+    cfg = config(
+        tmp_path, eval={"path": "unused", "every_steps": 4, "at_start": True, "mode": "async"}
+    )
+    t, saver, logger = _fit(tmp_path, cfg, eval_batches=held_out_batches())
+    assert len(t.evals) == 0  # nothing evaluated in the training loop
+    asked = [(n, v["step"], v["epoch"]) for n, v in saver.validations]
+    assert [s for _, s, _ in asked] == [0, 4, 6, 8, 12]
+    assert [e for _, _, e in asked] == [0, 0, 0, 1, 1]
+    names = [n for n, _ in saver.reports]
+    assert all(n in names for n, _, _ in asked)  # each one is a reported checkpoint
+    # The every-3-steps and epoch-end checkpoints are still written, each once.
+    assert names == sorted(set(names))
+    assert {f"checkpoint_step{s:08d}" for s in (3, 6, 9, 12)} <= set(names)

@@ -89,10 +89,13 @@ class Saver:
     def __init__(self, root: Path):
         self.root = root
         self.reports: list[tuple[str, dict]] = []
+        self.validations: list[tuple[str, dict]] = []  # eval.mode=async: what Ray would evaluate
 
-    def __call__(self, directory: str, metrics: dict, name: str) -> None:
+    def __call__(self, directory: str, metrics: dict, name: str, validation=None) -> None:
         shutil.copytree(directory, self.root / name, dirs_exist_ok=True)
         self.reports.append((name, metrics))
+        if validation is not None:
+            self.validations.append((name, validation))
 
     def latest(self, rank: int = 0):
         names = sorted(p for p in self.root.glob("checkpoint_step*"))
