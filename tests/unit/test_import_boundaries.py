@@ -176,3 +176,10 @@ def test_modules_of_a_package_import_each_other_one_way(package):
     """No import cycle inside a package, lazy imports included: a cycle means a rule sits on
     the wrong side of two modules (or a module imports a name through another's re-export)."""
     assert _a_cycle(_module_graph(package)) == []
+
+
+def test_no_two_test_modules_share_a_name():
+    """pytest imports test modules by their basename (the test folders are not packages): two
+    files of one name in two folders stop the whole session at collection."""
+    names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
