@@ -30,6 +30,7 @@ import numpy as np
 
 from pipeline.core.config import PlanConfig, TokenBudgetBatching
 from pipeline.core.epochs import auto_edges
+from pipeline.core.orders import PAIR_REPEAT_STREAM
 from pipeline.core.packing import PackingSpec, doc_cost, pack_epoch
 from pipeline.core.plan import epoch_plan
 from pipeline.core.synthetic import MAX_LEN, PRESETS, seed902k_lengths
@@ -69,7 +70,7 @@ def pair_repeat(step_a: np.ndarray, step_b: np.ndarray, pairs: int, seed: int = 
     size_a = np.bincount(step_a)
     start_a = np.concatenate([[0], np.cumsum(size_a)[:-1]])
     w = size_a * (size_a - 1) / 2.0
-    rng = np.random.default_rng((seed, 17))
+    rng = np.random.default_rng((seed, PAIR_REPEAT_STREAM))
     g = rng.choice(size_a.size, size=pairs, p=w / w.sum())
     i = rng.integers(0, size_a[g])
     j = (i + rng.integers(1, size_a[g])) % size_a[g]  # a distinct second member

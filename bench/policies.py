@@ -24,7 +24,12 @@ from pipeline.core.buckets import EdgeTable, optimize_all
 from pipeline.core.config import Batching, PlanConfig
 from pipeline.core.epochs import auto_edges, simulated_efficiency
 from pipeline.core.metrics import micro_batch_padded
-from pipeline.core.orders import MEGABATCH_MULT, megabatch_window
+from pipeline.core.orders import (
+    HF_MEGABATCH_STREAM,
+    MEGABATCH_MULT,
+    REPORT_RANDOM_STREAM,
+    megabatch_window,
+)
 from pipeline.core.orders import megabatch_order as core_megabatch_order
 from pipeline.core.plan import (
     EpochPlan,
@@ -50,9 +55,6 @@ __all__ = [
     "auto_search",
 ]
 
-# RNG stream tags for the non-bucketed policies, so they never share a stream with a plan's
-# (seed, epoch, bucket) or (seed, epoch, INTERLEAVE_STREAM) generators.
-_RANDOM_STREAM, _MEGABATCH_STREAM = 0x52414E44, 0x4D454741
 # Readable names of the policies in reports, tables and plots.
 POLICY_LABELS = {
     "sorted": "sorted-static",
@@ -123,7 +125,7 @@ def sorted_order(lengths: np.ndarray) -> np.ndarray:
 
 def random_order(lengths: np.ndarray, seed: int = 0) -> np.ndarray:
     """One uniformly random permutation of the samples."""
-    return np.random.default_rng((seed, _RANDOM_STREAM)).permutation(np.asarray(lengths).size)
+    return np.random.default_rng((seed, REPORT_RANDOM_STREAM)).permutation(np.asarray(lengths).size)
 
 
 def megabatch_order(
@@ -144,7 +146,7 @@ def megabatch_order(
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     window = megabatch_window(lengths.size, batch_size, mult)
-    rng = np.random.default_rng((seed, _MEGABATCH_STREAM))
+    rng = np.random.default_rng((seed, HF_MEGABATCH_STREAM))
     return core_megabatch_order(lengths, window, rng, longest_first=longest_first)
 
 

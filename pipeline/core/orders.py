@@ -1,9 +1,11 @@
-"""Sample orders of the batching policies, and every RNG stream tag the plans draw from.
+"""Sample orders of the batching policies, and every RNG stream tag of the project.
 
-A plan's randomness comes from `np.random.default_rng((seed, epoch, tag))`: a bucket's
-within-bucket shuffle uses its bucket index as the tag (contract 1), every other stream one of
-the tags below, all far above any bucket index, so no two streams of one (seed, epoch) coincide
-(`tests/unit/test_plan_contracts.py` checks they are distinct). Pure numpy.
+Randomness comes from `np.random.default_rng((seed, epoch, tag))` or `((seed, tag))`: a bucket's
+within-bucket shuffle uses its bucket index as the tag (contract 1), every other stream one of the
+tags below. `tests/unit/test_rng_streams.py` starts every stream over a grid of seeds, epochs and
+buckets and compares the generators' states: none coincide but two it names, a corpus's and a
+benchmark's stream that equal a plan's bucket-0 shuffle of one epoch (SeedSequence pads entropy
+with zeros), kept so corpora and published figures reproduce. Pure numpy.
 
 The policies (`plan.policy`):
 
@@ -31,6 +33,13 @@ __all__ = [
     "MEGABATCH_STREAM",
     "EVAL_SUBSET_STREAM",
     "PLAN_STREAMS",
+    "REPORT_RANDOM_STREAM",
+    "HF_MEGABATCH_STREAM",
+    "LHOTSE_STREAM",
+    "PAIR_REPEAT_STREAM",
+    "SYNTHETIC_LENGTHS_STREAM",
+    "SYNTHETIC_VOCAB_STREAM",
+    "SYNTHETIC_NOISE_STREAM",
     "MEGABATCH_MULT",
     "batch_permutation",
     "length_order",
@@ -39,7 +48,8 @@ __all__ = [
     "within_bucket_shuffle",
 ]
 
-# Stream tags (seed, epoch, tag); a bucket index k is always far below them.
+# The plans' streams, (seed, epoch, tag) (EVAL_SUBSET_STREAM: the tag alone); a bucket index k
+# is always far below them.
 INTERLEAVE_STREAM = 2**31 - 1  # the order of a bucketed epoch's global batches
 STEP_STREAM = 2**31 - 2  # the order of a packed epoch's steps
 ROW_STREAM = 2**31 - 3  # the order of a packed epoch's rows across buckets
@@ -54,6 +64,20 @@ PLAN_STREAMS = (
     MEGABATCH_STREAM,
     EVAL_SUBSET_STREAM,
 )
+
+# The report's and the benchmarks' streams (bench/), with the values they were published with,
+# so their figures reproduce: ASCII "RAND", "MEGA", "LHTO".
+REPORT_RANDOM_STREAM = 0x52414E44  # (seed, tag): the fixed-batch-size random row
+# (seed, tag): the report's megabatch row and its Hugging Face peer, one stream so that one
+# rank of the peer draws the very permutation the megabatch row does.
+HF_MEGABATCH_STREAM = 0x4D454741
+LHOTSE_STREAM = 0x4C48544F  # (seed, epoch, tag): the lhotse-style peer
+PAIR_REPEAT_STREAM = 17  # (seed, tag): the sample pairs bench.packing draws
+
+# The synthetic corpus's streams (pipeline.core.synthetic); changing one changes every corpus.
+SYNTHETIC_LENGTHS_STREAM = 902_087  # (seed, tag): the seed902k lengths
+SYNTHETIC_VOCAB_STREAM = 1  # (seed, tag): the vocabulary permutation the tokens walk
+SYNTHETIC_NOISE_STREAM = 2  # (seed, tag, first sample id, samples): a shard's noise tokens
 
 # transformers.trainer_pt_utils.get_length_grouped_indices: megabatch_mult defaults to
 # min(len(lengths) // (batch_size * 4), 50), at least 1.

@@ -441,10 +441,3 @@ def test_contract4_every_policy_trains_every_sample_once_on_one_rank(policy, wor
         for m in range(caps.size):
             if offsets[m + 1] > offsets[m]:
                 assert lens[offsets[m] : offsets[m + 1]].max() <= caps[m]
-
-
-def test_plan_stream_tags_are_distinct_and_above_every_bucket_index():
-    from pipeline.core.orders import PLAN_STREAMS
-
-    assert len(set(PLAN_STREAMS)) == len(PLAN_STREAMS)
-    assert min(PLAN_STREAMS) > 2**20  # bucket indices (stream tags of contract 1) stay below
