@@ -137,7 +137,7 @@ def packing_table(
 
         def plan(epoch, w, edges=edges, cfg=cfg):
             return epoch_plan(
-                lengths, edges, seed=seed, epoch=epoch, world_size=w, batching=batching, plan=cfg
+                lengths, edges, epoch=epoch, world_size=w, batching=batching, plan=cfg
             )
 
         rows.append(_row(name, plan, world_sizes, n, real, useful, pairs, seed, width, batching))

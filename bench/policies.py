@@ -217,13 +217,14 @@ def compare_policies(
     lengths = np.asarray(lengths, dtype=np.int64)
     B = fixed_batch_size(lengths, batching)
     kw = dict(world_size=world_size, multiple=batching.pad_to_multiple_of)
+    plan_cfg = (plan or PlanConfig()).model_copy(update={"seed": seed})
     # The epoch number perturbs the non-bucketed permutations too, like a per-epoch reshuffle.
     s = (seed, epoch)
     if batching.mode == "token_budget" and batching.fill == "greedy":
         top = [0, int(lengths.max())]
-        base = dict(batching=batching, world_size=world_size, seed=seed, epoch=epoch)
+        base = dict(batching=batching, world_size=world_size, epoch=epoch)
         scores = [
-            plan_score(p, epoch_plan(lengths, top, **base, plan=PlanConfig(policy=p)))
+            plan_score(p, epoch_plan(lengths, top, **base, plan=PlanConfig(policy=p, seed=seed)))
             for p in ("sorted", "random")
         ]
     else:
@@ -254,9 +255,8 @@ def compare_policies(
             edges,
             batching=batching,
             world_size=world_size,
-            seed=seed,
             epoch=epoch,
-            plan=plan,
+            plan=plan_cfg,
         )
         scores.append(plan_score(name, p))
     return scores

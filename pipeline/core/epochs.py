@@ -178,7 +178,6 @@ def epoch_plan_for(cfg: RunConfig, index, edges, epoch: int, world_size: int) ->
     return epoch_plan(
         index.lengths,
         edges,
-        seed=cfg.plan.seed,
         epoch=epoch,
         world_size=world_size,
         batching=cfg.batching,

@@ -88,7 +88,6 @@ def eval_plan(
         return epoch_plan(
             lengths,
             edges,
-            seed=0,
             epoch=0,
             world_size=world_size,
             batching=batching,

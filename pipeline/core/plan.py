@@ -108,15 +108,8 @@ def steps_per_epoch(
     """Global steps in one epoch, the same for every world size; with greedy fill it depends on
     the epoch's shuffle (planned here), otherwise it is the same for every epoch."""
     if batching.mode == "token_budget" and batching.fill == "greedy":
-        plan = PlanConfig(seed=seed)
         return epoch_plan(
-            lengths,
-            edges,
-            seed=seed,
-            epoch=epoch,
-            world_size=1,
-            batching=batching,
-            plan=plan,
+            lengths, edges, epoch=epoch, world_size=1, batching=batching, plan=PlanConfig(seed=seed)
         ).num_steps
     counts = _bucket_counts(assign(lengths, edges), len(edges) - 1)
     g = global_batch_sizes(edges, batching)
@@ -507,15 +500,16 @@ def epoch_plan(
     lengths: np.ndarray,
     edges,
     *,
-    seed: int,
     epoch: int,
     world_size: int,
     batching: Batching,
     plan: PlanConfig | None = None,
     sample_ids: np.ndarray | None = None,
 ) -> EpochPlan:
-    """Plan one epoch (contracts 1-5, 8). `sample_ids` default to positions in `lengths`."""
+    """Plan one padded epoch (contracts 1-5, 8) under `plan` (its policy and its seed).
+    `sample_ids` default to positions in `lengths`."""
     plan = plan or PlanConfig()
+    seed = plan.seed
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     lengths, ids = lengths_and_ids(lengths, sample_ids)
