@@ -28,6 +28,7 @@ from pipeline.core.orders import (
     HF_MEGABATCH_STREAM,
     MEGABATCH_MULT,
     REPORT_RANDOM_STREAM,
+    length_order,
     megabatch_window,
 )
 from pipeline.core.orders import megabatch_order as core_megabatch_order
@@ -35,7 +36,6 @@ from pipeline.core.plan import (
     EpochPlan,
     epoch_plan,
     global_batch_sizes,
-    length_order,
     split_offsets,
 )
 

@@ -288,7 +288,7 @@ def test_contract4_fewer_samples_than_ranks_gives_empty_microbatches():
     )
     sizes = [np.diff(p.rank_view(r).offsets).tolist() for r in range(5)]
     assert sizes == [[1], [1], [0], [0], [0]]
-    rows = p.rows()
+    rows = p.table()
     assert (rows["sample_id"] == -1).sum() == 3 and rows["step"].size == 5
 
 
