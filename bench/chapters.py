@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.core.chapters import chapter_bounds, chapter_read_bytes, row_group_of, step_tokens
-from pipeline.core.config import TEAM_EDGES, BatchingConfig
+from pipeline.core.config import TEAM_EDGES, BatchingConfig, PlanConfig
 from pipeline.core.plan import epoch_plan
 from pipeline.core.synthetic import PRESETS, seed902k_lengths
 
@@ -46,7 +46,12 @@ def read_amplification(
     """One row per (row-group rows, chapters): row groups touched and bytes read per epoch."""
     lengths = seed902k_lengths(samples)
     plan = epoch_plan(
-        lengths, TEAM_EDGES, seed=seed, epoch=epoch, world_size=1, batching=TEAM_BATCHING
+        lengths,
+        TEAM_EDGES,
+        epoch=epoch,
+        world_size=1,
+        batching=TEAM_BATCHING,
+        plan=PlanConfig(seed=seed),
     )
     tokens = step_tokens(plan)
     out = []

@@ -88,7 +88,6 @@ def budget_table(
             return epoch_plan(
                 lengths,
                 edges,
-                seed=seed,
                 epoch=0,
                 world_size=world,
                 batching=bat,
@@ -128,13 +127,13 @@ def budget_table(
     for tag, bat in (("before", before), ("after", greedy)):
         times[tag], _, _ = median_time(
             lambda bat=bat: epoch_plan(
-                lengths, edges, seed=seed, epoch=0, world_size=8, batching=bat, plan=cfg
+                lengths, edges, epoch=0, world_size=8, batching=bat, plan=cfg
             ),
             repeats,
         )
     out["plan_s"] = times
     out["epochs"] = [
-        epoch_plan(lengths, edges, seed=seed, epoch=e, world_size=8, batching=greedy).num_steps
+        epoch_plan(lengths, edges, epoch=e, world_size=8, batching=greedy, plan=cfg).num_steps
         for e in range(3)
     ]
     return out

@@ -30,7 +30,8 @@ import numpy as np
 
 from pipeline.core.config import PlanConfig, TokenBudgetBatching
 from pipeline.core.epochs import auto_edges
-from pipeline.core.packing import PackingSpec, doc_cost, pack_epoch
+from pipeline.core.orders import PAIR_REPEAT_STREAM
+from pipeline.core.packing import PackingSpec, doc_cost, pack_epoch, rank_costs
 from pipeline.core.plan import epoch_plan
 from pipeline.core.synthetic import MAX_LEN, PRESETS, seed902k_lengths
 
@@ -69,7 +70,7 @@ def pair_repeat(step_a: np.ndarray, step_b: np.ndarray, pairs: int, seed: int = 
     size_a = np.bincount(step_a)
     start_a = np.concatenate([[0], np.cumsum(size_a)[:-1]])
     w = size_a * (size_a - 1) / 2.0
-    rng = np.random.default_rng((seed, 17))
+    rng = np.random.default_rng((seed, PAIR_REPEAT_STREAM))
     g = rng.choice(size_a.size, size=pairs, p=w / w.sum())
     i = rng.integers(0, size_a[g])
     j = (i + rng.integers(1, size_a[g])) % size_a[g]  # a distinct second member
@@ -83,10 +84,7 @@ def pair_repeat(step_a: np.ndarray, step_b: np.ndarray, pairs: int, seed: int = 
 
 def _step_of(plan, n: int) -> np.ndarray:
     """Global step of every sample (by sample id) of a padded or packed plan."""
-    if getattr(plan, "step_rows", None) is not None:
-        per_step = np.diff(plan.row_offsets[plan.step_rows])
-    else:
-        per_step = np.diff(plan.step_offsets)
+    per_step = np.diff(plan.step_offsets)
     out = np.empty(n, dtype=np.int64)
     out[plan.sample_ids] = np.repeat(np.arange(per_step.size), per_step)
     return out
@@ -136,7 +134,7 @@ def packing_table(
 
         def plan(epoch, w, edges=edges, cfg=cfg):
             return epoch_plan(
-                lengths, edges, seed=seed, epoch=epoch, world_size=w, batching=batching, plan=cfg
+                lengths, edges, epoch=epoch, world_size=w, batching=batching, plan=cfg
             )
 
         rows.append(_row(name, plan, world_sizes, n, real, useful, pairs, seed, width, batching))
@@ -171,8 +169,8 @@ def _row(name, plan, world_sizes, n, real, useful, pairs, seed, width, batching)
     out = {"name": name, "by_world_size": {}}
     for w in world_sizes:
         p = plan(0, w)
-        if hasattr(p, "rank_costs"):
-            costs, paid_tokens = p.rank_costs(), p.num_rows * p.spec.row_tokens
+        if p.packed:
+            costs, paid_tokens = rank_costs(p), p.rows.num_rows * p.rows.spec.row_tokens
         else:
             costs, paid_tokens = _padded_costs(p, width, batching.pad_to_multiple_of)
         out["by_world_size"][w] = _score(costs, useful, real, paid_tokens)

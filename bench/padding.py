@@ -107,7 +107,6 @@ def planning_costs(
             lambda lengths=lengths, edges=edges: epoch_plan(
                 lengths,
                 edges,
-                seed=0,
                 epoch=0,
                 world_size=world_size,
                 batching=batching,

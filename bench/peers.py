@@ -24,14 +24,17 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.core.batching import greedy_sizes
-from pipeline.core.orders import MEGABATCH_MULT, megabatch_order, megabatch_window
+from pipeline.core.orders import (
+    HF_MEGABATCH_STREAM,
+    LHOTSE_STREAM,
+    MEGABATCH_MULT,
+    megabatch_order,
+    megabatch_window,
+)
 
 __all__ = ["hf_length_grouped", "equal_mass_boundaries", "lhotse_style", "HF_MEGABATCH_MULT"]
 
 HF_MEGABATCH_MULT = MEGABATCH_MULT  # transformers' cap on megabatch_mult
-# RNG stream tags; the HF one equals bench.policies' megabatch stream, so one rank draws
-# the very permutation `policies.megabatch_order` does.
-_HF_STREAM, _LHOTSE_STREAM = 0x4D454741, 0x4C48544F
 
 
 def hf_length_grouped(
@@ -41,7 +44,7 @@ def hf_length_grouped(
     of HF's length-grouped sampling with `per_device_batch` samples per rank and step."""
     lengths = np.asarray(lengths, dtype=np.int64)
     n, b, W = lengths.size, per_device_batch, world_size
-    rng = np.random.default_rng((seed, _HF_STREAM))
+    rng = np.random.default_rng((seed, HF_MEGABATCH_STREAM))  # policies.megabatch_order's
     order = megabatch_order(lengths, megabatch_window(n, b), rng)  # the one megabatch rule
     per_rank_n = -(-n // W)
     order = np.resize(order, per_rank_n * W)  # DistributedSampler pads by repeating the head
@@ -98,7 +101,7 @@ def lhotse_style(
     `strict=False` is lhotse's default `TimeConstraint` (the sum of lengths bounds a batch);
     `strict=True` bounds size x longest, a hard cap on the unpadded batch."""
     lengths = np.asarray(lengths, dtype=np.int64)
-    rng = np.random.default_rng((seed, epoch, _LHOTSE_STREAM))
+    rng = np.random.default_rng((seed, epoch, LHOTSE_STREAM))
     bucket = np.searchsorted(equal_mass_boundaries(lengths, num_buckets), lengths, side="right")
     members, sizes = [], []
     for k in np.unique(bucket):

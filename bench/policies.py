@@ -24,13 +24,18 @@ from pipeline.core.buckets import EdgeTable, optimize_all
 from pipeline.core.config import Batching, PlanConfig
 from pipeline.core.epochs import auto_edges, simulated_efficiency
 from pipeline.core.metrics import micro_batch_padded
-from pipeline.core.orders import MEGABATCH_MULT, megabatch_window
+from pipeline.core.orders import (
+    HF_MEGABATCH_STREAM,
+    MEGABATCH_MULT,
+    REPORT_RANDOM_STREAM,
+    length_order,
+    megabatch_window,
+)
 from pipeline.core.orders import megabatch_order as core_megabatch_order
 from pipeline.core.plan import (
     EpochPlan,
     epoch_plan,
     global_batch_sizes,
-    length_order,
     split_offsets,
 )
 
@@ -50,9 +55,6 @@ __all__ = [
     "auto_search",
 ]
 
-# RNG stream tags for the non-bucketed policies, so they never share a stream with a plan's
-# (seed, epoch, bucket) or (seed, epoch, INTERLEAVE_STREAM) generators.
-_RANDOM_STREAM, _MEGABATCH_STREAM = 0x52414E44, 0x4D454741
 # Readable names of the policies in reports, tables and plots.
 POLICY_LABELS = {
     "sorted": "sorted-static",
@@ -123,7 +125,7 @@ def sorted_order(lengths: np.ndarray) -> np.ndarray:
 
 def random_order(lengths: np.ndarray, seed: int = 0) -> np.ndarray:
     """One uniformly random permutation of the samples."""
-    return np.random.default_rng((seed, _RANDOM_STREAM)).permutation(np.asarray(lengths).size)
+    return np.random.default_rng((seed, REPORT_RANDOM_STREAM)).permutation(np.asarray(lengths).size)
 
 
 def megabatch_order(
@@ -144,7 +146,7 @@ def megabatch_order(
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     window = megabatch_window(lengths.size, batch_size, mult)
-    rng = np.random.default_rng((seed, _MEGABATCH_STREAM))
+    rng = np.random.default_rng((seed, HF_MEGABATCH_STREAM))
     return core_megabatch_order(lengths, window, rng, longest_first=longest_first)
 
 
@@ -215,13 +217,14 @@ def compare_policies(
     lengths = np.asarray(lengths, dtype=np.int64)
     B = fixed_batch_size(lengths, batching)
     kw = dict(world_size=world_size, multiple=batching.pad_to_multiple_of)
+    plan_cfg = (plan or PlanConfig()).model_copy(update={"seed": seed})
     # The epoch number perturbs the non-bucketed permutations too, like a per-epoch reshuffle.
     s = (seed, epoch)
     if batching.mode == "token_budget" and batching.fill == "greedy":
         top = [0, int(lengths.max())]
-        base = dict(batching=batching, world_size=world_size, seed=seed, epoch=epoch)
+        base = dict(batching=batching, world_size=world_size, epoch=epoch)
         scores = [
-            plan_score(p, epoch_plan(lengths, top, **base, plan=PlanConfig(policy=p)))
+            plan_score(p, epoch_plan(lengths, top, **base, plan=PlanConfig(policy=p, seed=seed)))
             for p in ("sorted", "random")
         ]
     else:
@@ -252,9 +255,8 @@ def compare_policies(
             edges,
             batching=batching,
             world_size=world_size,
-            seed=seed,
             epoch=epoch,
-            plan=plan,
+            plan=plan_cfg,
         )
         scores.append(plan_score(name, p))
     return scores

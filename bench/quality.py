@@ -57,7 +57,6 @@ def _plan(lengths, edges, batching, policy: str, epoch: int, seed: int) -> Epoch
     return epoch_plan(
         lengths,
         edges,
-        seed=seed,
         epoch=epoch,
         world_size=1,
         batching=batching,

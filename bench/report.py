@@ -288,6 +288,7 @@ def build_report(
     `log` receives progress and timing lines (the CLI prints them on stderr).
     """
     lengths = np.asarray(lengths, dtype=np.int64)
+    plan = (plan or PlanConfig()).model_copy(update={"seed": seed})  # the plan's seed is `seed`
     timings: dict[str, float] = {}
     # The arguments every stage shares; each stage records its time in `timings`.
     common = {
@@ -317,7 +318,6 @@ def build_report(
             chosen["edges"],
             batching=batching,
             world_size=world_size,
-            seed=seed,
             epoch=epoch,
             plan=plan,
             sample_ids=sample_ids,

@@ -45,7 +45,7 @@ from pipeline.core.config import (
 )
 from pipeline.core.frontier import FrontierPoint, frontier_ks
 from pipeline.core.metrics import truncation_counts
-from pipeline.core.packing import PackingSpec, attention_width_for, pack_epoch
+from pipeline.core.packing import PackingSpec, attention_width_for, pack_epoch, packed_summary
 from pipeline.core.synthetic import PRESETS
 
 PROG = "python -m jobs.plan_buckets"
@@ -337,7 +337,7 @@ def _packed_edges(args, edges, lengths: np.ndarray) -> list[int]:
 
 
 def _packed_report(args, lengths, ids, edges, log) -> tuple:
-    """The packed epoch's plan and its summary (pipeline.core.packing.PackedPlan.summary)."""
+    """The packed epoch's plan and its summary (pipeline.core.packing.packed_summary)."""
     width = args.attention_width or attention_width_for(ModelConfig().d_model)
     try:
         batching = BatchingConfig(
@@ -357,7 +357,7 @@ def _packed_report(args, lengths, ids, edges, log) -> tuple:
             balance_rows=batching.balance_rows,
         )
         t = time.perf_counter()
-        packed = pack_epoch(
+        plan = pack_epoch(
             lengths,
             edges,
             seed=args.plan_seed,
@@ -365,6 +365,7 @@ def _packed_report(args, lengths, ids, edges, log) -> tuple:
             world_size=args.world_size,
             spec=spec,
             sample_ids=ids,
+            pad_to_multiple_of=args.pad_to_multiple_of,
         )
     except ValidationError as err:
         msg = err.errors()[0]["msg"].removeprefix("Value error, ")
@@ -373,9 +374,9 @@ def _packed_report(args, lengths, ids, edges, log) -> tuple:
         raise InputError(_packed_flags(str(err))) from None
     seconds = time.perf_counter() - t
     log(f"packed epoch {args.epoch} in {seconds:.2f}s")
-    summary = {**packed.summary(), "edges": [int(e) for e in edges], "attention_width": width}
+    summary = {**packed_summary(plan), "edges": [int(e) for e in edges], "attention_width": width}
     summary["pack_seconds"] = seconds
-    return packed.as_epoch_plan(args.pad_to_multiple_of), summary
+    return plan, summary
 
 
 def _packed_flags(msg: str) -> str:
@@ -396,13 +397,13 @@ def _packed_text(s: dict) -> str:
 
 
 def _plan_rows(plan) -> dict:
-    """plan.rows(), and for a packed plan each sample's row (-1: an empty micro-batch)."""
-    out = plan.rows()
+    """plan.table(), and for a packed plan each sample's row (-1: an empty micro-batch)."""
+    out = plan.table()
     if plan.packed:
         row = np.full(out["sample_id"].size, -1, dtype=np.int64)
         real = out["sample_id"] >= 0
         pos = np.arange(plan.num_samples)
-        row[real] = np.searchsorted(plan.row_offsets, pos, side="right") - 1
+        row[real] = np.searchsorted(plan.rows.row_offsets, pos, side="right") - 1
         out["row"] = row
     return out
 

@@ -35,7 +35,6 @@ start, each range's end decided once -- is `pipeline.core.ranges`.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -194,25 +193,7 @@ def chapter_plan(plan: EpochPlan, first_step: int, end_step: int) -> EpochPlan:
     Its `sort_keys` number the chapter's rows only, so each chapter is keyed, sorted and split
     on its own, and its rank views are the matching slices of the epoch's.
     """
-    tail = plan.slice(first_step)
-    n = end_step - first_step
-    if not 0 <= n <= tail.num_steps:
-        raise ValueError(
-            f"chapter end {end_step} outside plan steps [{first_step}, {first_step + tail.num_steps}]"
-        )
-    hi = int(tail.step_offsets[n])
-    rows = {}
-    if tail.packed:
-        r = int(tail.step_rows[n])
-        rows = dict(row_offsets=tail.row_offsets[: r + 1], step_rows=tail.step_rows[: n + 1])
-    return dataclasses.replace(
-        tail,
-        step_bucket=tail.step_bucket[:n],
-        step_offsets=tail.step_offsets[: n + 1],
-        sample_ids=tail.sample_ids[:hi],
-        lengths=tail.lengths[:hi],
-        **rows,
-    )
+    return plan.slice(first_step, end_step)
 
 
 # --------------------------------------------------------------------------- read estimate

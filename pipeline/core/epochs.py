@@ -23,7 +23,7 @@ import numpy as np
 from pipeline.core.buckets import optimize, optimize_all, validate_edges
 from pipeline.core.config import Batching, PackedBatching, PlanConfig, RunConfig
 from pipeline.core.frontier import epoch0_efficiency, plan_point
-from pipeline.core.packing import PackedPlan, PackingSpec, attention_width_for, pack_epoch
+from pipeline.core.packing import PackingSpec, attention_width_for, pack_epoch, packed_summary
 from pipeline.core.plan import EpochPlan, epoch_plan
 
 __all__ = [
@@ -32,7 +32,6 @@ __all__ = [
     "simulated_efficiency",
     "epoch_plan_for",
     "packed_epoch_metrics",
-    "packed_plan_for",
     "packing_spec",
     "run_epoch_plans",
 ]
@@ -155,30 +154,24 @@ def packing_spec(cfg: RunConfig) -> PackingSpec:
     )
 
 
-def packed_plan_for(cfg: RunConfig, index, edges, epoch: int, world_size: int) -> PackedPlan:
-    """The epoch's packing (batching.mode=packed): `epoch_plan_for`'s plan before it becomes an
-    EpochPlan, with its rows' costs (`PackedPlan.summary`, the epoch/* packing metrics)."""
-    return pack_epoch(
-        index.lengths,
-        edges,
-        seed=cfg.plan.seed,
-        epoch=epoch,
-        world_size=world_size,
-        spec=packing_spec(cfg),
-        sample_ids=index.sample_ids,
-    )
-
-
 def epoch_plan_for(cfg: RunConfig, index, edges, epoch: int, world_size: int) -> EpochPlan:
     """The epoch's plan over the index's valid samples (same on driver, feeder and workers):
-    packed rows with batching.mode=packed, padded global batches otherwise."""
+    packed rows with batching.mode=packed, padded global batches otherwise; seeded by
+    plan.seed."""
     if isinstance(cfg.batching, PackedBatching):
-        plan = packed_plan_for(cfg, index, edges, epoch, world_size)
-        return plan.as_epoch_plan(cfg.batching.pad_to_multiple_of)
+        return pack_epoch(
+            index.lengths,
+            edges,
+            seed=cfg.plan.seed,
+            epoch=epoch,
+            world_size=world_size,
+            spec=packing_spec(cfg),
+            sample_ids=index.sample_ids,
+            pad_to_multiple_of=cfg.batching.pad_to_multiple_of,
+        )
     return epoch_plan(
         index.lengths,
         edges,
-        seed=cfg.plan.seed,
         epoch=epoch,
         world_size=world_size,
         batching=cfg.batching,
@@ -187,14 +180,14 @@ def epoch_plan_for(cfg: RunConfig, index, edges, epoch: int, world_size: int) ->
     )
 
 
-def packed_epoch_metrics(cfg: RunConfig, plan: EpochPlan) -> dict:
+def packed_epoch_metrics(plan: EpochPlan) -> dict:
     """`epoch/*` metrics of a packed plan ({} for a padded one): rows, documents per row, row
     fill (also the planned padding efficiency: a row's empty tail is its only padding), and rank
     balance under the cost model (the sum over steps of the costliest rank over the mean rank,
-    and useful / paid work, pipeline.core.packing)."""
+    and useful / paid work, `pipeline.core.packing.packed_summary`)."""
     if not plan.packed:
         return {}
-    s = PackedPlan.of(plan, packing_spec(cfg)).summary()
+    s = packed_summary(plan)
     return {
         "epoch/rows": s["rows"],
         "epoch/docs_per_row": s["docs_per_row"],

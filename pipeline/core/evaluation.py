@@ -88,7 +88,6 @@ def eval_plan(
         return epoch_plan(
             lengths,
             edges,
-            seed=0,
             epoch=0,
             world_size=world_size,
             batching=batching,
@@ -97,10 +96,16 @@ def eval_plan(
         )
     per_rank = max(1, int(token_budget) // (packing.row_tokens * world_size))
     spec = replace(packing, rows_per_step=per_rank * world_size, longest_first=False)
-    plan = pack_epoch(
-        lengths, edges, seed=0, epoch=0, world_size=world_size, spec=spec, sample_ids=sample_ids
+    return pack_epoch(
+        lengths,
+        edges,
+        seed=0,
+        epoch=0,
+        world_size=world_size,
+        spec=spec,
+        sample_ids=sample_ids,
+        pad_to_multiple_of=pad_to_multiple_of,
     )
-    return plan.as_epoch_plan(pad_to_multiple_of)
 
 
 def eval_plan_for(

@@ -60,7 +60,6 @@ def epoch0_efficiency(
     plan = epoch_plan(
         lengths,
         edges,
-        seed=plan_cfg.seed,
         epoch=0,
         world_size=world_size,
         batching=batching,

@@ -35,41 +35,35 @@ skipped) or 6 d (dense score blocks), d the model width. `attention_width_for(d_
 
 Global steps never depend on the world size (contract 8): `rows_per_step` rows per step, split
 over the ranks with `plan.split_offsets`; a world size that does not divide `rows_per_step` is
-refused (`check_world_size`). The last step of the epoch may hold fewer rows (the remainder,
-split as evenly as possible, so a rank may get none: an empty micro-batch, contract 4).
+refused (`rows.check_world_size`). The last step of the epoch may hold fewer rows (the
+remainder, split as evenly as possible, so a rank may get none: an empty micro-batch, contract 4).
+
+`pack_epoch` returns the one plan type, an `EpochPlan` holding its rows
+(`pipeline.core.rows.PackedRows`); `row_costs`, `rank_costs` and `packed_summary` are a packed
+plan's figures under the cost model.
 """
 
 from __future__ import annotations
 
-import hashlib
 from bisect import bisect_left
-from dataclasses import dataclass, field
-from functools import cached_property
 
 import numpy as np
 
 from pipeline.core.buckets import assign
 from pipeline.core.orders import ROW_STREAM, STEP_STREAM, within_bucket_shuffle
-from pipeline.core.plan import (
-    EpochPlan,
-    check_world_size,
-    concat_ranges,
-    lengths_and_ids,
-    packed_micro_offsets,
-    split_offsets,
-)
+from pipeline.core.plan import EpochPlan, concat_ranges, hash_arrays, lengths_and_ids
+from pipeline.core.rows import PackedRows, PackingSpec, check_world_size
 from pipeline.core.sections import ConfigError
 
 __all__ = [
     "PackingSpec",
-    "PackedPlan",
-    "STEP_STREAM",
-    "ROW_STREAM",
     "attention_width_for",
     "best_fit_rows",
-    "check_world_size",
     "doc_cost",
     "pack_epoch",
+    "packed_summary",
+    "rank_costs",
+    "row_costs",
 ]
 
 PACK_VERSION = 1
@@ -84,28 +78,6 @@ def doc_cost(lengths: np.ndarray, attention_width: int) -> np.ndarray:
     """Useful work of each document under the cost model: L + L**2 / attention_width."""
     L = np.asarray(lengths, dtype=np.float64)
     return L + L * L / attention_width
-
-
-@dataclass(frozen=True)
-class PackingSpec:
-    """How an epoch is packed. Sizes in tokens and rows; every field is part of the plan hash."""
-
-    row_tokens: int  # tokens per row; at least the longest sample
-    rows_per_step: int  # rows per GLOBAL step (all ranks together)
-    attention_width: int  # the cost model's width (attention_width_for(d_model))
-    open_rows: int = 16  # best-fit window: rows open at once, per bucket
-    balance_rows: int = 512  # rows sorted by cost together; rounded up to whole steps
-    longest_first: bool = True  # the costliest step first
-
-    def __post_init__(self):
-        for name in ("row_tokens", "rows_per_step", "attention_width", "open_rows", "balance_rows"):
-            if int(getattr(self, name)) < 1:
-                raise ConfigError(f"batching.{name} must be >= 1, got {getattr(self, name)}")
-
-    @property
-    def window_steps(self) -> int:
-        """Steps per balancing window (balance_rows rounded up to whole steps)."""
-        return -(-self.balance_rows // self.rows_per_step)
 
 
 def best_fit_rows(lengths, row_tokens: int, open_rows: int, min_len: int | None = None):
@@ -152,173 +124,48 @@ def best_fit_rows(lengths, row_tokens: int, open_rows: int, min_len: int | None 
     return np.asarray(row_of, dtype=np.int64), np.asarray(closed, dtype=np.int64)
 
 
-@dataclass(frozen=True, eq=False)
-class PackedPlan:
-    """A packed epoch: step s holds rows [step_rows[s], step_rows[s+1]); row r holds samples
-    [row_offsets[r], row_offsets[r+1]) of sample_ids (a slice for resume keeps absolute steps in
-    first_step and re-bases the offsets)."""
-
-    seed: int
-    epoch: int
-    world_size: int
-    spec: PackingSpec
-    edges: np.ndarray
-    first_step: int
-    step_rows: np.ndarray  # [S + 1] into rows
-    row_offsets: np.ndarray  # [R + 1] into sample_ids
-    row_bucket: np.ndarray  # [R] bucket of each row's samples
-    sample_ids: np.ndarray  # [N] in (step, row, position in row) order
-    lengths: np.ndarray  # [N] aligned with sample_ids
-    _hash: str = field(default="", repr=False)
-
-    @property
-    def num_steps(self) -> int:
-        return int(self.step_rows.size - 1)
-
-    @property
-    def num_rows(self) -> int:
-        return int(self.row_offsets.size - 1)
-
-    @property
-    def num_samples(self) -> int:
-        return int(self.sample_ids.size)
-
-    @property
-    def content_hash(self) -> str:
-        """Hash of the whole epoch's packing; the same for every world size and slice."""
-        return self._hash
-
-    @cached_property
-    def row_lengths(self) -> np.ndarray:
-        """Real tokens in each row."""
-        return _segment_sums(self.lengths, self.row_offsets)
-
-    @cached_property
-    def row_cost(self) -> np.ndarray:
-        """Each row's cost to run: row_tokens + sum(L**2) / attention_width (cost model)."""
-        L = self.lengths.astype(np.float64)
-        attn = _segment_sums(L * L, self.row_offsets) / self.spec.attention_width
-        return self.spec.row_tokens + attn
-
-    @cached_property
-    def micro_rows(self) -> np.ndarray:
-        """[S, world_size + 1] boundaries (in rows) of each rank's share of each step."""
-        return split_offsets(self.step_rows, self.world_size)
-
-    @cached_property
-    def micro_offsets(self) -> np.ndarray:
-        """[S, world_size + 1] boundaries (in samples) of each rank's micro-batch of each step."""
-        return packed_micro_offsets(self.row_offsets, self.step_rows, self.world_size)
-
-    def as_epoch_plan(self, pad_to_multiple_of: int = 8) -> EpochPlan:
-        """The plan delivery uses: the same steps, rows and hash as an EpochPlan whose
-        micro-batches are whole rows; a step's bucket is the bucket of its first row."""
-        return EpochPlan(
-            seed=self.seed,
-            epoch=self.epoch,
-            world_size=self.world_size,
-            edges=self.edges,
-            first_step=self.first_step,
-            step_bucket=self.row_bucket[self.step_rows[:-1]],
-            step_offsets=self.row_offsets[self.step_rows],
-            sample_ids=self.sample_ids,
-            lengths=self.lengths,
-            pad_to_multiple_of=pad_to_multiple_of,
-            _hash_parts=(self._hash,),
-            row_offsets=self.row_offsets,
-            step_rows=self.step_rows,
-            row_tokens=self.spec.row_tokens,
-            rows_per_step=self.spec.rows_per_step,
-        )
-
-    @classmethod
-    def of(cls, plan: EpochPlan, spec: PackingSpec) -> PackedPlan:
-        """The packing of a packed EpochPlan (as_epoch_plan's inverse, for its summary and rank
-        costs); rows keep their steps' bucket, the bucket of each step's first row."""
-        if not plan.packed:
-            raise ValueError("a padded EpochPlan has no rows: plan it with batching.mode=packed")
-        rows_per = np.diff(plan.step_rows)
-        return cls(
-            seed=plan.seed,
-            epoch=plan.epoch,
-            world_size=plan.world_size,
-            spec=spec,
-            edges=plan.edges,
-            first_step=plan.first_step,
-            step_rows=plan.step_rows,
-            row_offsets=plan.row_offsets,
-            row_bucket=np.repeat(plan.step_bucket, rows_per),
-            sample_ids=plan.sample_ids,
-            lengths=plan.lengths,
-            _hash=plan.content_hash,
-        )
-
-    def rank_costs(self) -> np.ndarray:
-        """[S, world_size] cost each rank runs at each step (a rank without rows: 0)."""
-        cum = np.concatenate([[0.0], np.cumsum(self.row_cost)])
-        return np.diff(cum[self.micro_rows], axis=1)
-
-    def with_world_size(self, world_size: int) -> PackedPlan:
-        """The same global steps split over another number of ranks (contract 8)."""
-        check_world_size(self.spec.rows_per_step, world_size)
-        return _replace(self, world_size=world_size)
-
-    def slice(self, from_step: int) -> PackedPlan:
-        """The plan from global step `from_step` (absolute) on: the tail used for resume."""
-        rel = from_step - self.first_step
-        if not 0 <= rel <= self.num_steps:
-            raise ValueError(
-                f"step {from_step} outside plan steps [{self.first_step}, "
-                f"{self.first_step + self.num_steps}]"
-            )
-        r0 = int(self.step_rows[rel])
-        s0 = int(self.row_offsets[r0])
-        return _replace(
-            self,
-            first_step=from_step,
-            step_rows=self.step_rows[rel:] - r0,
-            row_offsets=self.row_offsets[r0:] - s0,
-            row_bucket=self.row_bucket[r0:],
-            sample_ids=self.sample_ids[s0:],
-            lengths=self.lengths[s0:],
-        )
-
-    def summary(self) -> dict:
-        """Steps, rows, samples, fill and rank balance of the epoch (for epoch/* metrics)."""
-        costs = self.rank_costs()
-        paid = float(costs.max(axis=1).sum() * self.world_size) if costs.size else 0.0
-        useful = float(doc_cost(self.lengths, self.spec.attention_width).sum())
-        mean = costs.mean(axis=1) if costs.size else np.zeros(0)
-        return {
-            "steps": self.num_steps,
-            "rows": self.num_rows,
-            "samples": self.num_samples,
-            "tokens": int(self.lengths.sum()),
-            "row_fill": float(self.lengths.sum() / max(self.num_rows * self.spec.row_tokens, 1)),
-            "docs_per_row": self.num_samples / max(self.num_rows, 1),
-            "rank_max_over_mean": float(costs.max(axis=1).sum() / max(mean.sum(), 1e-12)),
-            "useful_over_paid": useful / paid if paid else 0.0,
-            "hash": self.content_hash,
-        }
+def row_costs(plan: EpochPlan) -> np.ndarray:
+    """Each row's cost to run under the cost model: row_tokens + sum(L**2) / attention_width."""
+    spec = plan.rows.spec
+    L = plan.lengths.astype(np.float64)
+    return spec.row_tokens + _segment_sums(L * L, plan.rows.row_offsets) / spec.attention_width
 
 
-def _replace(p: PackedPlan, **changes) -> PackedPlan:
-    return PackedPlan(**{**{f: getattr(p, f) for f in p.__dataclass_fields__}, **changes})
+def rank_costs(plan: EpochPlan) -> np.ndarray:
+    """[S, world_size] cost each rank of a packed plan runs at each step (a rank without rows:
+    0)."""
+    cum = np.concatenate([[0.0], np.cumsum(row_costs(plan))])
+    return np.diff(cum[plan.micro_rows], axis=1)
+
+
+def packed_summary(plan: EpochPlan) -> dict:
+    """Steps, rows, samples, fill and rank balance of a packed plan (the epoch/* packing
+    metrics, the report's packed figures): rank_max_over_mean is the sum over steps of the
+    costliest rank's cost over the mean rank's, useful_over_paid the documents' cost (`doc_cost`)
+    over what the costliest rank of every step makes all ranks pay."""
+    if plan.rows is None:
+        raise ValueError("a padded plan has no rows: plan it with batching.mode=packed")
+    spec, num_rows = plan.rows.spec, plan.rows.num_rows
+    costs = rank_costs(plan)
+    paid = float(costs.max(axis=1).sum() * plan.world_size) if costs.size else 0.0
+    useful = float(doc_cost(plan.lengths, spec.attention_width).sum())
+    mean = costs.mean(axis=1) if costs.size else np.zeros(0)
+    return {
+        "steps": plan.num_steps,
+        "rows": num_rows,
+        "samples": plan.num_samples,
+        "tokens": int(plan.lengths.sum()),
+        "row_fill": float(plan.lengths.sum() / max(num_rows * spec.row_tokens, 1)),
+        "docs_per_row": plan.num_samples / max(num_rows, 1),
+        "rank_max_over_mean": float(costs.max(axis=1).sum() / max(mean.sum(), 1e-12)),
+        "useful_over_paid": useful / paid if paid else 0.0,
+        "hash": plan.content_hash,
+    }
 
 
 def _segment_sums(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     cum = np.concatenate([[0], np.cumsum(values)])
     return np.diff(cum[offsets])
-
-
-def _hash(spec: PackingSpec, *arrays) -> str:
-    h = hashlib.sha256(f"bucketray-packed-v{PACK_VERSION}".encode())
-    h.update(repr(spec).encode())
-    for a in arrays:
-        a = np.ascontiguousarray(a, dtype=np.int64)
-        h.update(str(a.shape).encode())
-        h.update(a.tobytes())
-    return h.hexdigest()[:16]
 
 
 def _pack_buckets(lengths, ids, bucket, K, spec, seed, epoch):
@@ -392,9 +239,10 @@ def pack_epoch(
     world_size: int,
     spec: PackingSpec,
     sample_ids: np.ndarray | None = None,
-) -> PackedPlan:
-    """Plan one packed epoch (module docstring). `sample_ids` default to positions in `lengths`;
-    edges [0, top] give a full shuffle."""
+    pad_to_multiple_of: int = 8,
+) -> EpochPlan:
+    """Plan one packed epoch (module docstring): an EpochPlan with its rows. `sample_ids`
+    default to positions in `lengths`; edges [0, top] give a full shuffle."""
     check_world_size(spec.rows_per_step, world_size)
     lengths, ids = lengths_and_ids(lengths, sample_ids)
     edges = np.asarray(edges, dtype=np.int64)
@@ -410,23 +258,28 @@ def pack_epoch(
     row_offsets = np.concatenate([[0], np.cumsum(row_size)]).astype(np.int64)
     L = lengths[flat].astype(np.float64)
     cost = spec.row_tokens + _segment_sums(L * L, row_offsets) / spec.attention_width
-    rows, step_size = _balanced_steps(cost, spec, seed, epoch)
-    sizes = row_size[rows]
-    flat = flat[concat_ranges(row_offsets[:-1][rows], sizes)]
+    order, step_size = _balanced_steps(cost, spec, seed, epoch)
+    sizes = row_size[order]
+    flat = flat[concat_ranges(row_offsets[:-1][order], sizes)]
     row_offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     step_rows = np.concatenate([[0], np.cumsum(step_size)]).astype(np.int64)
     sid = ids[flat]
-    return PackedPlan(
+    rows = PackedRows(
+        spec=spec, row_offsets=row_offsets, step_rows=step_rows, row_bucket=row_bucket[order]
+    )
+    return EpochPlan(
         seed=seed,
         epoch=epoch,
         world_size=world_size,
-        spec=spec,
         edges=edges,
         first_step=0,
-        step_rows=step_rows,
-        row_offsets=row_offsets,
-        row_bucket=row_bucket[rows],
+        step_bucket=rows.step_bucket,
+        step_offsets=rows.step_offsets,
         sample_ids=sid,
         lengths=lengths[flat],
-        _hash=_hash(spec, edges, step_rows, row_offsets, sid),
+        content_hash=hash_arrays(
+            f"bucketray-packed-v{PACK_VERSION}{spec!r}", edges, step_rows, row_offsets, sid
+        ),
+        pad_to_multiple_of=pad_to_multiple_of,
+        rows=rows,
     )

@@ -12,6 +12,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipeline.core.orders import (
+    SYNTHETIC_LENGTHS_STREAM,
+    SYNTHETIC_NOISE_STREAM,
+    SYNTHETIC_VOCAB_STREAM,
+)
+
 __all__ = ["PRESETS", "seed902k_lengths", "synthetic_tokens"]
 
 PRESETS = {"seed902k": 902_087}
@@ -20,7 +26,7 @@ MIN_LEN, MAX_LEN = 16, 8192
 
 def seed902k_lengths(num_samples: int = PRESETS["seed902k"], seed: int = 0) -> np.ndarray:
     """Sample lengths of the seed-calibrated preset (int32), deterministic from `seed`."""
-    rng = np.random.default_rng((seed, 902087))
+    rng = np.random.default_rng((seed, SYNTHETIC_LENGTHS_STREAM))
     long_ = rng.lognormal(7.05, 0.5, num_samples)
     short = rng.lognormal(5.8, 0.8, num_samples)
     pick = rng.random(num_samples) < 0.85
@@ -42,7 +48,11 @@ def synthetic_tokens(
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     sample_ids = np.asarray(sample_ids, dtype=np.int64)
-    perm = np.random.default_rng((seed, 1)).permutation(vocab_size).astype(np.int32)
+    perm = (
+        np.random.default_rng((seed, SYNTHETIC_VOCAB_STREAM))
+        .permutation(vocab_size)
+        .astype(np.int32)
+    )
     # Per-sample parameters from a counter-based hash of the id (no sequential RNG state).
     h = _mix(sample_ids.astype(np.uint64) ^ np.uint64(seed * 0x9E3779B97F4A7C15 % 2**64))
     start = (h % np.uint64(vocab_size)).astype(np.int64)
@@ -57,7 +67,7 @@ def synthetic_tokens(
     values = perm[col]
     # Noise drawn per call: deterministic for a given (seed, first id, count), i.e. per shard.
     first = int(sample_ids[0]) if n else 0
-    rng = np.random.default_rng((seed, 2, first, n))
+    rng = np.random.default_rng((seed, SYNTHETIC_NOISE_STREAM, first, n))
     is_noise = rng.random(values.size, dtype=np.float32) < noise
     values[is_noise] = rng.integers(0, vocab_size, int(is_noise.sum()), dtype=np.int32)
     return values.astype(np.int32), offsets

@@ -229,7 +229,7 @@ def _plan_epochs(cfg: RunConfig, data: RunData) -> tuple[RunPlan, list[dict]]:
     def describe(plan: EpochPlan) -> dict:
         return {
             **epoch_metrics(plan),
-            **packed_epoch_metrics(cfg, plan),
+            **packed_epoch_metrics(plan),
             **truncation_metrics(data.index),
         }
 

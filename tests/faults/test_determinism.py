@@ -29,7 +29,7 @@ edges = optimize(lengths, 4)
 out = {}
 for epoch in (0, 1):
     for world in (2, 3):
-        plan = epoch_plan(lengths, edges, seed=0, epoch=epoch, world_size=world,
+        plan = epoch_plan(lengths, edges, epoch=epoch, world_size=world,
                           batching=cfg.batching, plan=cfg.plan, sample_ids=ids)
         h = hashlib.sha256()
         for r in range(world):

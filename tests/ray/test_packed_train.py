@@ -91,7 +91,7 @@ def test_packed_run_resumed_after_a_failure_trains_every_planned_row_once(
     # The packed metrics: per epoch from the plan, per logged step from what was trained.
     metrics = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     epochs = [m for m in metrics if "epoch/rows" in m]
-    assert [m["epoch/rows"] for m in epochs[:2]] == [p.row_offsets.size - 1 for p in plans]
+    assert [m["epoch/rows"] for m in epochs[:2]] == [p.rows.num_rows for p in plans]
     for m in epochs:
         assert 0.5 < m["epoch/row_fill"] == m["epoch/planned_padding_efficiency"] <= 1.0
         assert 1.0 <= m["epoch/rank_max_over_mean"] < 1.5

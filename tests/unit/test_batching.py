@@ -91,11 +91,10 @@ def _plan(inp, world_size=1, epoch=0):
     return epoch_plan(
         inp["lengths"],
         inp["edges"],
-        seed=inp["seed"],
         epoch=epoch,
         world_size=world_size,
         batching=inp["batching"],
-        plan=PlanConfig(),
+        plan=PlanConfig(seed=inp["seed"]),
     )
 
 
@@ -157,7 +156,7 @@ def _fill(p, budget):
 def test_all_samples_equal_fill_exactly_budget_over_length():
     lengths = np.full(1000, 100)  # padded to 104
     bat = BatchingConfig(token_budget=104 * 37 + 103)
-    p = epoch_plan(lengths, [0, 104], seed=0, epoch=0, world_size=8, batching=bat)
+    p = epoch_plan(lengths, [0, 104], epoch=0, world_size=8, batching=bat)
     assert sorted(np.diff(p.step_offsets).tolist()) == [1000 - 27 * 37] + [37] * 27
 
 
@@ -165,7 +164,7 @@ def test_one_giant_sample_travels_alone_and_budget_barely_above_longest():
     lengths = np.array([10] * 50 + [4000])
     edges = [0, 16, 4000]
     bat = BatchingConfig(token_budget=4000)  # exactly the longest (capped at its upper edge)
-    p = epoch_plan(lengths, edges, seed=3, epoch=0, world_size=4, batching=bat)
+    p = epoch_plan(lengths, edges, epoch=0, world_size=4, batching=bat, plan=PlanConfig(seed=3))
     n = np.diff(p.step_offsets)
     assert n[0] == 1 and p.lengths[p.step_offsets[0]] == 4000  # longest first, alone
     assert sorted(n[1:].tolist()) == [50]  # 50 x 16 = 800 <= 4000
@@ -174,14 +173,14 @@ def test_one_giant_sample_travels_alone_and_budget_barely_above_longest():
 def test_budget_below_the_longest_padded_sample_is_one_clear_error():
     bat = BatchingConfig(token_budget=100)
     with pytest.raises(ConfigError, match="token_budget=100 .* raise token_budget to at least 104"):
-        epoch_plan(np.array([5, 101]), [0, 200], seed=0, epoch=0, world_size=1, batching=bat)
+        epoch_plan(np.array([5, 101]), [0, 200], epoch=0, world_size=1, batching=bat)
 
 
 def test_drop_remainder_drops_only_each_buckets_partial_last_batch():
     lengths = np.array([30] * 45 + [70] * 20)
     edges = [0, 32, 72]
     bat = BatchingConfig(token_budget=320, drop_remainder=True)  # 10 x 32, 4 x 72
-    p = epoch_plan(lengths, edges, seed=1, epoch=0, world_size=2, batching=bat)
+    p = epoch_plan(lengths, edges, epoch=0, world_size=2, batching=bat, plan=PlanConfig(seed=1))
     # bucket 0: 4 batches of 10 and a partial 5 (dropped); bucket 1: 5 full batches of 4.
     assert p.num_dropped == 5 and p.num_samples == 60
     assert sorted(np.diff(p.step_offsets).tolist()) == [4] * 5 + [10] * 4
@@ -203,11 +202,10 @@ def test_fixed_per_bucket_fill_reproduces_earlier_plan_hashes(batching, expected
         epoch_plan(
             lengths,
             TEAM_EDGES,
-            seed=1,
             epoch=2,
             world_size=4,
             batching=bat,
-            plan=PlanConfig(policy=policy),
+            plan=PlanConfig(policy=policy, seed=1),
         ).content_hash
         for policy in ("bucketed", "sorted_ascending")
     )
@@ -235,12 +233,11 @@ def test_mean_fill_reaches_097_of_the_budget_on_several_length_distributions(kin
     }[kind]()
     edges = optimize(lengths, 16)
     greedy = epoch_plan(
-        lengths, edges, seed=0, epoch=0, world_size=8, batching=BatchingConfig(), plan=PlanConfig()
+        lengths, edges, epoch=0, world_size=8, batching=BatchingConfig(), plan=PlanConfig()
     )
     old = epoch_plan(
         lengths,
         edges,
-        seed=0,
         epoch=0,
         world_size=8,
         batching=BatchingConfig(fill="fixed_per_bucket"),
@@ -254,7 +251,7 @@ def test_budget_below_the_buckets_upper_edge_but_above_its_samples():
     """The edge (200) may exceed the budget (180) as long as every padded sample fits."""
     lengths = np.array([170, 130, 20, 30, 25])  # padded 176, 136 | 24, 32, 32
     bat = BatchingConfig(token_budget=180)
-    p = epoch_plan(lengths, [0, 50, 200], seed=0, epoch=0, world_size=2, batching=bat)
+    p = epoch_plan(lengths, [0, 50, 200], epoch=0, world_size=2, batching=bat)
     n = np.diff(p.step_offsets)
     assert sorted(n.tolist()) == [1, 1, 3]
     ps = _padded_max(p.lengths, p.step_offsets, np.array([50, 200])[p.step_bucket])

@@ -80,7 +80,7 @@ def test_chance_floor_predicts_a_fresh_shuffle(seed):
     b = BatchingConfig(mode="fixed", batch_size=32)
     plans = [
         epoch_plan(
-            lengths, TEAM_EDGES, seed=seed, epoch=e, world_size=1, batching=b, plan=PlanConfig()
+            lengths, TEAM_EDGES, epoch=e, world_size=1, batching=b, plan=PlanConfig(seed=seed)
         )
         for e in (0, 1)
     ]

@@ -144,7 +144,7 @@ def test_default_chapters_of_the_902k_preset_fit_and_ignore_world_size():
     batching = BatchingConfig(token_budget=262_144, round_to=8, pad_to_multiple_of=64)
     bounds = {}
     for w in (1, 8, 64):
-        p = epoch_plan(lengths, TEAM_EDGES, seed=0, epoch=0, world_size=w, batching=batching)
+        p = epoch_plan(lengths, TEAM_EDGES, epoch=0, world_size=w, batching=batching)
         b = plan_chapter_bounds(p, max_tokens=DEFAULT_CHAPTER_TOKENS)
         assert (np.add.reduceat(step_tokens(p), b[:-1]) <= DEFAULT_CHAPTER_TOKENS).all()
         bounds[w] = b.tolist()

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.core.collate import IGNORE_INDEX
-from pipeline.core.config import BatchingConfig
+from pipeline.core.config import BatchingConfig, PlanConfig
 from pipeline.core.plan import epoch_plan
 from pipeline.data.rechunk import deliver
 
@@ -83,11 +83,11 @@ def test_contract2_padding_matches_slow_reference_for_any_block_layout(
     plan = epoch_plan(
         lengths,
         EDGES,
-        seed=seed,
         epoch=0,
         world_size=world,
         batching=BatchingConfig(token_budget=256),
         sample_ids=ids,
+        plan=PlanConfig(seed=seed),
     )
     for rank in range(world):
         view = plan.rank_view(rank)
@@ -124,7 +124,6 @@ def test_contract4_empty_micro_batch_is_zero_by_zero():
     plan = epoch_plan(
         lengths,
         EDGES,
-        seed=0,
         epoch=0,
         world_size=8,
         batching=BatchingConfig(mode="fixed", batch_size=5),
@@ -146,7 +145,6 @@ def _single_rank_view(ids, lengths):
     plan = epoch_plan(
         lengths,
         EDGES,
-        seed=0,
         epoch=0,
         world_size=1,
         batching=BatchingConfig(token_budget=128),

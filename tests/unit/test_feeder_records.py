@@ -61,7 +61,7 @@ def test_a_part_for_another_request_is_refused_under_python_O():
     subprocess.run([sys.executable, "-O", "-c", code], check=True)
     code += textwrap.dedent(
         """
-        plan = epoch_plan(np.full(40, 16), [0, 32], seed=0, epoch=0, world_size=2,
+        plan = epoch_plan(np.full(40, 16), [0, 32], epoch=0, world_size=2,
                           batching=BatchingConfig(token_budget=128))
         part = RankPart(epoch=0, world_size=2, start_step=0, rank=0, prep_id="p",
                         plan_hash=plan.content_hash, view=plan.rank_view(0), refs=(),

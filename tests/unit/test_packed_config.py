@@ -17,7 +17,7 @@ from pipeline.core.epochs import (
     resolve_edges,
     run_epoch_plans,
 )
-from pipeline.core.packing import PackedPlan, PackingSpec, pack_epoch
+from pipeline.core.packing import PackingSpec, pack_epoch, packed_summary
 from pipeline.learn.model_check import ModelBuildError
 from pipeline.train.progress import packed_step_metrics
 from pipeline.train.step import GroupStats
@@ -92,7 +92,7 @@ def test_epoch_plan_for_packs_the_epoch_from_the_config():
     )
     assert plan.packed and plan.content_hash == want.content_hash
     np.testing.assert_array_equal(plan.sample_ids, want.sample_ids)
-    np.testing.assert_array_equal(plan.step_rows, want.step_rows)
+    np.testing.assert_array_equal(plan.rows.step_rows, want.rows.step_rows)
     assert np.array_equal(np.sort(plan.sample_ids), index.sample_ids)  # every sample once
     # The hash covers the packing: another window, another plan.
     other = epoch_plan_for(_cfg({"open_rows": 2}), index, edges, 1, 2)
@@ -108,7 +108,7 @@ def test_packed_epoch_metrics_are_the_plans_summary():
     cfg, index = _cfg(), _index()
     edges = resolve_edges(cfg, index.lengths)
     plan = epoch_plan_for(cfg, index, edges, 0, 2)
-    s = pack_epoch(
+    want = pack_epoch(
         index.lengths,
         edges,
         seed=0,
@@ -116,16 +116,17 @@ def test_packed_epoch_metrics_are_the_plans_summary():
         world_size=2,
         spec=packing_spec(cfg),
         sample_ids=index.sample_ids,
-    ).summary()
-    m = packed_epoch_metrics(cfg, plan)
+    )
+    assert want.content_hash == plan.content_hash
+    s = packed_summary(want)
+    m = packed_epoch_metrics(plan)
     assert m["epoch/rows"] == s["rows"] and m["epoch/row_fill"] == pytest.approx(s["row_fill"])
     assert m["epoch/planned_padding_efficiency"] == m["epoch/row_fill"]
     assert m["epoch/rank_max_over_mean"] == pytest.approx(s["rank_max_over_mean"])
     assert m["epoch/useful_over_paid"] == pytest.approx(s["useful_over_paid"])
     assert m["epoch/docs_per_row"] == pytest.approx(s["docs_per_row"])
-    assert PackedPlan.of(plan, packing_spec(cfg)).content_hash == plan.content_hash
     padded = validate({"data": {"synthetic": {}}})
-    assert packed_epoch_metrics(padded, epoch_plan_for(padded, index, [0, 128], 0, 2)) == {}
+    assert packed_epoch_metrics(epoch_plan_for(padded, index, [0, 128], 0, 2)) == {}
 
 
 def test_packed_step_metrics_count_rows_documents_and_fill():

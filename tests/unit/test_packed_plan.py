@@ -18,8 +18,9 @@ SPEC = PackingSpec(row_tokens=256, rows_per_step=8, attention_width=64, balance_
 
 def _plan(world_size=4, n=600, seed=0):
     lengths = np.random.default_rng(seed).integers(1, 200, n)
-    packed = pack_epoch(lengths, [0, 256], seed=seed, epoch=1, world_size=world_size, spec=SPEC)
-    return lengths, packed, packed.as_epoch_plan()
+    return lengths, pack_epoch(
+        lengths, [0, 256], seed=seed, epoch=1, world_size=world_size, spec=SPEC
+    )
 
 
 def _rank_rows(plan, rank):
@@ -33,25 +34,25 @@ def _rank_rows(plan, rank):
 
 
 def test_micro_batches_are_whole_rows_an_equal_share_of_each_step():
-    _, packed, plan = _plan(world_size=4)
-    assert plan.packed and plan.content_hash == packed.content_hash
-    assert np.array_equal(plan.micro_offsets, packed.micro_offsets)
+    _, plan = _plan(world_size=4)
+    assert plan.packed
+    row_offsets = plan.rows.row_offsets
+    assert np.array_equal(plan.micro_offsets, row_offsets[plan.micro_rows])
     all_rows = {
-        tuple(packed.sample_ids[a:b])
-        for a, b in zip(packed.row_offsets[:-1], packed.row_offsets[1:], strict=True)
+        tuple(plan.sample_ids[a:b]) for a, b in zip(row_offsets[:-1], row_offsets[1:], strict=True)
     }
     seen = []
     for r in range(4):
         per_mb = _rank_rows(plan, r)
         assert len(per_mb) == plan.num_steps  # one micro-batch per step (contract 3)
-        full = np.diff(packed.step_rows) == SPEC.rows_per_step
+        full = np.diff(plan.rows.step_rows) == SPEC.rows_per_step
         assert all(len(mb) == 2 for mb, f in zip(per_mb, full, strict=True) if f)
         seen += [row for mb in per_mb for row in mb]
     assert sorted(seen) == sorted(all_rows)  # every row once, never cut
 
 
 def test_contract8_the_same_rows_on_another_world_size_and_refusals():
-    _, _, plan = _plan(world_size=4)
+    _, plan = _plan(world_size=4)
     for w in (1, 2, 8):
         other = plan.with_world_size(w)
         assert other.content_hash == plan.content_hash
@@ -62,7 +63,7 @@ def test_contract8_the_same_rows_on_another_world_size_and_refusals():
 
 
 def test_contract7_slices_and_chapters_are_the_matching_slices_of_the_epoch():
-    _, _, plan = _plan(world_size=2, n=2000)
+    _, plan = _plan(world_size=2, n=2000)
     for s in (0, 3, plan.num_steps - 1):
         tail = plan.slice(s)
         for r in range(2):
@@ -79,7 +80,7 @@ def test_contract7_slices_and_chapters_are_the_matching_slices_of_the_epoch():
 
 
 def test_sort_keys_put_each_rank_s_rows_in_plan_order():
-    _, _, plan = _plan(world_size=4)
+    _, plan = _plan(world_size=4)
     keys, rank_rows = plan.sort_keys()
     order = plan.sample_ids[np.argsort(keys)]
     starts = np.concatenate([[0], np.cumsum(rank_rows)])
@@ -89,7 +90,7 @@ def test_sort_keys_put_each_rank_s_rows_in_plan_order():
 
 @pytest.mark.parametrize("block_rows", [1, 7, 1000])
 def test_delivery_yields_the_planned_packed_rows_for_any_block_layout(block_rows):
-    lengths, _, plan = _plan(world_size=2)
+    lengths, plan = _plan(world_size=2)
     rng = np.random.default_rng(1)
     tokens = {i: rng.integers(0, 100, int(n)).astype(np.int32) for i, n in enumerate(lengths)}
     view = plan.rank_view(1)

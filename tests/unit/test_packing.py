@@ -11,10 +11,13 @@ from pipeline.core.config import ConfigError
 from pipeline.core.packing import (
     PackingSpec,
     best_fit_rows,
-    check_world_size,
     doc_cost,
     pack_epoch,
+    packed_summary,
+    rank_costs,
+    row_costs,
 )
+from pipeline.core.rows import check_world_size
 from pipeline.core.synthetic import seed902k_lengths
 
 TEAM_EDGES = [0, 770, 1216, 1728, 2432, 3296, 8192]
@@ -70,17 +73,17 @@ def test_every_sample_exactly_once_whole_and_rows_within_row_tokens(inp):
     )
     assert np.array_equal(np.sort(plan.sample_ids), np.arange(inp["lengths"].size))
     assert np.array_equal(plan.lengths, inp["lengths"][plan.sample_ids])  # never split
-    assert plan.row_lengths.max() <= inp["spec"].row_tokens
-    assert (np.diff(plan.row_offsets) >= 1).all()  # no empty row
-    per_step = np.diff(plan.step_rows)
+    assert np.add.reduceat(plan.lengths, plan.rows.row_offsets[:-1]).max() <= inp["spec"].row_tokens
+    assert (np.diff(plan.rows.row_offsets) >= 1).all()  # no empty row
+    per_step = np.diff(plan.rows.step_rows)
     R = inp["spec"].rows_per_step
     assert (per_step[per_step != R] < R).all() and (per_step != R).sum() <= 1  # one tail step
     # Every rank has one micro-batch per step, and together they are the step's samples.
     mo = plan.micro_offsets
     assert mo.shape == (plan.num_steps, inp["world_size"] + 1)
     assert (np.diff(mo, axis=1) >= 0).all()
-    assert np.array_equal(mo[:, 0], plan.row_offsets[plan.step_rows[:-1]])
-    assert np.array_equal(mo[:, -1], plan.row_offsets[plan.step_rows[1:]])
+    assert np.array_equal(mo[:, 0], plan.rows.row_offsets[plan.rows.step_rows[:-1]])
+    assert np.array_equal(mo[:, -1], plan.rows.row_offsets[plan.rows.step_rows[1:]])
 
 
 @pytest.mark.parametrize("edges", [[0, 8192], TEAM_EDGES])
@@ -97,7 +100,7 @@ def test_contract4_every_sample_once_over_world_sizes_1_to_64(edges):
         seen = np.concatenate([np.concatenate(_rank_samples(plan, r)) for r in range(w)])
         assert np.array_equal(np.sort(seen), np.arange(LENGTHS.size))
         rows = np.diff(plan.micro_rows, axis=1)
-        full = np.diff(plan.step_rows) == spec.rows_per_step
+        full = np.diff(plan.rows.step_rows) == spec.rows_per_step
         assert (rows[full] == spec.rows_per_step // w).all()  # equal shares of a full step
 
 
@@ -107,7 +110,7 @@ def test_contract6_same_seed_and_epoch_same_packing_other_epochs_differ():
     b = pack_epoch(LENGTHS, [0, 8192], seed=5, epoch=1, world_size=4, spec=spec)
     assert a.content_hash == b.content_hash
     assert np.array_equal(a.sample_ids, b.sample_ids)
-    assert np.array_equal(a.row_offsets, b.row_offsets)
+    assert np.array_equal(a.rows.row_offsets, b.rows.row_offsets)
     for other in (dict(seed=5, epoch=2), dict(seed=6, epoch=1)):
         c = pack_epoch(LENGTHS, [0, 8192], world_size=4, spec=spec, **other)
         assert c.content_hash != a.content_hash
@@ -137,7 +140,7 @@ def test_contract1_one_row_open_is_the_seeded_shuffle_cut_in_order():
     rows.append(tuple(cur))
     got = {
         tuple(plan.sample_ids[a:b])
-        for a, b in zip(plan.row_offsets[:-1], plan.row_offsets[1:], strict=True)
+        for a, b in zip(plan.rows.row_offsets[:-1], plan.rows.row_offsets[1:], strict=True)
     }
     assert got == set(rows)
 
@@ -145,9 +148,9 @@ def test_contract1_one_row_open_is_the_seeded_shuffle_cut_in_order():
 def test_bucketed_rows_hold_one_bucket_each():
     plan = pack_epoch(LENGTHS, TEAM_EDGES, seed=0, epoch=0, world_size=8, spec=_spec())
     b = np.searchsorted(TEAM_EDGES, plan.lengths, side="left") - 1
-    row = np.repeat(np.arange(plan.num_rows), np.diff(plan.row_offsets))
-    assert np.array_equal(b, plan.row_bucket[row])
-    assert np.unique(plan.row_bucket).size == len(TEAM_EDGES) - 1
+    row = np.repeat(np.arange(plan.rows.num_rows), np.diff(plan.rows.row_offsets))
+    assert np.array_equal(b, plan.rows.row_bucket[row])
+    assert np.unique(plan.rows.row_bucket).size == len(TEAM_EDGES) - 1
 
 
 def test_best_fit_takes_the_tightest_open_row_and_closes_the_fullest():
@@ -163,26 +166,26 @@ def test_bounded_best_fit_fills_rows_of_the_902k_lengths():
     plan = pack_epoch(
         LENGTHS, [0, 8192], seed=0, epoch=0, world_size=8, spec=_spec(rows_per_step=8)
     )
-    assert plan.summary()["row_fill"] >= 0.98
+    assert packed_summary(plan)["row_fill"] >= 0.98
 
 
 @pytest.mark.parametrize("world_size", [2, 4, 8])
 def test_ranks_of_a_step_carry_nearly_the_same_cost(world_size):
     spec = _spec(rows_per_step=8, attention_width=6 * 2048)
     plan = pack_epoch(LENGTHS, [0, 8192], seed=0, epoch=0, world_size=world_size, spec=spec)
-    costs = plan.rank_costs()
-    full = np.diff(plan.step_rows) == spec.rows_per_step
+    costs = rank_costs(plan)
+    full = np.diff(plan.rows.step_rows) == spec.rows_per_step
     ratio = costs[full].max(axis=1).sum() / costs[full].mean(axis=1).sum()
     assert ratio <= 1.01
-    assert plan.summary()["useful_over_paid"] >= 0.98
+    assert packed_summary(plan)["useful_over_paid"] >= 0.98
 
 
 def test_balancing_leaves_no_trend_of_cost_or_length_within_an_epoch():
     spec = _spec(rows_per_step=8, attention_width=6 * 2048, balance_rows=64)
     for seed in range(3):
         plan = pack_epoch(LENGTHS, [0, 8192], seed=seed, epoch=0, world_size=8, spec=spec)
-        step_cost = np.add.reduceat(plan.row_cost, plan.step_rows[:-1])
-        step_len = np.add.reduceat(plan.lengths**2, plan.row_offsets[plan.step_rows[:-1]])
+        step_cost = np.add.reduceat(row_costs(plan), plan.rows.step_rows[:-1])
+        step_len = np.add.reduceat(plan.lengths**2, plan.rows.row_offsets[plan.rows.step_rows[:-1]])
         idx = np.arange(plan.num_steps)
         bound = 4 / np.sqrt(plan.num_steps)  # 4 standard errors of a null correlation
         for series in (step_cost, step_len):
@@ -195,7 +198,7 @@ def test_longest_first_puts_the_costliest_step_first():
     plan = pack_epoch(
         LENGTHS, [0, 8192], seed=0, epoch=0, world_size=1, spec=_spec(rows_per_step=8)
     )
-    step_cost = np.add.reduceat(plan.row_cost, plan.step_rows[:-1])
+    step_cost = np.add.reduceat(row_costs(plan), plan.rows.step_rows[:-1])
     assert step_cost[0] == step_cost.max()
 
 
@@ -208,9 +211,9 @@ def test_contract7_a_slice_is_the_tail_of_the_epoch():
         assert tail.first_step == s and tail.num_steps == plan.num_steps - s
         assert tail.content_hash == plan.content_hash
         assert np.array_equal(
-            tail.sample_ids, plan.sample_ids[plan.row_offsets[plan.step_rows[s]] :]
+            tail.sample_ids, plan.sample_ids[plan.rows.row_offsets[plan.rows.step_rows[s]] :]
         )
-        base = plan.row_offsets[plan.step_rows[s]]
+        base = plan.rows.row_offsets[plan.rows.step_rows[s]]
         assert np.array_equal(tail.micro_offsets + base, plan.micro_offsets[s:])
 
 
@@ -240,5 +243,5 @@ def test_the_cost_model_is_tokens_plus_squares_over_the_width():
     assert doc_cost(np.array([100, 2048]), 2048).tolist() == [100 + 100 * 100 / 2048, 2048 + 2048]
     plan = pack_epoch(LENGTHS[:300], [0, 8192], seed=0, epoch=0, world_size=1, spec=_spec())
     L = plan.lengths.astype(float)
-    r0 = slice(plan.row_offsets[0], plan.row_offsets[1])
-    assert plan.row_cost[0] == pytest.approx(8192 + (L[r0] ** 2).sum() / (6 * 256))
+    r0 = slice(plan.rows.row_offsets[0], plan.rows.row_offsets[1])
+    assert row_costs(plan)[0] == pytest.approx(8192 + (L[r0] ** 2).sum() / (6 * 256))

@@ -72,7 +72,6 @@ def test_sorted_reference_under_a_budget_is_cut_greedily_not_fixed(lengths):
     ref = epoch_plan(
         lengths,
         [0, int(lengths.max())],
-        seed=0,
         epoch=0,
         world_size=1,
         batching=bat,
@@ -94,9 +93,7 @@ def test_sorted_reference_under_a_budget_is_cut_greedily_not_fixed(lengths):
 def test_recomposition_floor_matches_the_measured_share_of_a_fresh_shuffle(lengths):
     edges = optimize_all(lengths, 32).for_k(32)
     bat = BatchingConfig(mode="fixed", batch_size=32)
-    plans = [
-        epoch_plan(lengths, edges, seed=0, epoch=e, world_size=1, batching=bat) for e in (0, 1)
-    ]
+    plans = [epoch_plan(lengths, edges, epoch=e, world_size=1, batching=bat) for e in (0, 1)]
     measured = batch_recomposition(
         plans[0].sample_ids, plans[0].step_offsets, plans[1].sample_ids, plans[1].step_offsets
     )

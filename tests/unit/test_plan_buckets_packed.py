@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs.plan_buckets import main
-from pipeline.core.packing import PackingSpec, pack_epoch
+from pipeline.core.packing import PackingSpec, pack_epoch, packed_summary
 
 
 def _run(argv, capsys):
@@ -36,14 +36,15 @@ def test_packed_report_and_dump_are_the_packed_epoch(tmp_path, capsys):
         spec=PackingSpec(row_tokens=1024, rows_per_step=4, attention_width=96),
     )
     s = json.loads((tmp_path / "r.json").read_text())["packed"]
-    assert (s["rows"], s["steps"], s["hash"]) == (want.num_rows, want.num_steps, want.content_hash)
-    assert s["row_fill"] == pytest.approx(want.summary()["row_fill"])
-    assert f"packed rows: {want.num_rows:,} rows in {want.num_steps:,} steps" in out
+    num_rows = want.rows.num_rows
+    assert (s["rows"], s["steps"], s["hash"]) == (num_rows, want.num_steps, want.content_hash)
+    assert s["row_fill"] == pytest.approx(packed_summary(want)["row_fill"])
+    assert f"packed rows: {num_rows:,} rows in {want.num_steps:,} steps" in out
     t = pq.read_table(tmp_path / "p.parquet").to_pydict()
     real = np.asarray(t["sample_id"]) >= 0
     np.testing.assert_array_equal(np.asarray(t["sample_id"])[real], want.sample_ids)
     rows = np.asarray(t["row"])[real]
-    np.testing.assert_array_equal(np.bincount(rows), np.diff(want.row_offsets))
+    np.testing.assert_array_equal(np.bincount(rows), np.diff(want.rows.row_offsets))
 
 
 @pytest.mark.parametrize(

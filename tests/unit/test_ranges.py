@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from pipeline.core.chapters import plan_chapter_bounds, step_tokens
-from pipeline.core.config import BatchingConfig, DataConfig
+from pipeline.core.config import BatchingConfig, DataConfig, PlanConfig
 from pipeline.core.plan import epoch_plan
 from pipeline.core.ranges import (
     EpochRanges,
@@ -30,7 +30,9 @@ BATCHING = BatchingConfig(token_budget=2048, round_to=8, pad_to_multiple_of=8)
 
 def _plan(epoch: int = 0, world: int = 2):
     lengths = np.random.default_rng(7).integers(8, 256, 600)
-    return epoch_plan(lengths, EDGES, seed=1, epoch=epoch, world_size=world, batching=BATCHING)
+    return epoch_plan(
+        lengths, EDGES, epoch=epoch, world_size=world, batching=BATCHING, plan=PlanConfig(seed=1)
+    )
 
 
 def _data(**kw) -> DataConfig:

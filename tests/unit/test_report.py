@@ -104,7 +104,6 @@ def test_plan_score_caps_padding_at_the_bucket_edge():
     p = epoch_plan(
         lengths,
         [0, 10],
-        seed=0,
         epoch=0,
         world_size=1,
         batching=FixedBatching(batch_size=10, pad_to_multiple_of=64),
@@ -151,9 +150,7 @@ def test_auto_picks_the_smallest_k_reaching_the_target(world_size, monkeypatch):
     table = optimize_all(lengths, 16)
     scan = {}
     for k in range(1, 17):
-        p = epoch_plan(
-            lengths, table.for_k(k), seed=0, epoch=0, world_size=world_size, batching=batching
-        )
+        p = epoch_plan(lengths, table.for_k(k), epoch=0, world_size=world_size, batching=batching)
         scan[k] = plan_score("k", p).efficiency
     plans = []
     real = epochs.plan_point  # each candidate K is one planned epoch
