@@ -123,7 +123,7 @@ def warning_model(config: dict) -> torch.nn.Module:
 def test_a_warning_of_every_training_worker_shows_once_with_its_count(cluster, tmp_path, capsys):
     cfg = tiny_config(
         tmp_path,
-        model={"name": "tests.ray.test_run_warnings:warning_model"},
+        model={"name": "tests.ray.test_run_warnings_on_the_console:warning_model"},
         train={"epochs": 1, "max_steps": 3},
     )
     summary = run(cfg)
