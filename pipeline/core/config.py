@@ -18,6 +18,7 @@ from pydantic import (
 )
 
 from pipeline.core import overrides as _overrides
+from pipeline.core.deliveryconfig import DeliveryConfig, moved_keys_refusal
 from pipeline.core.evalconfig import EvalConfig
 from pipeline.core.sections import (
     PATH,
@@ -41,6 +42,7 @@ from pipeline.core.yamlfile import load_yaml_file
 
 __all__ = [
     "ConfigError",
+    "DeliveryConfig",
     "EvalConfig",
     "RunConfig",
     "DataConfig",
@@ -338,6 +340,9 @@ class RunConfig(_Section):
     """The whole run. Validated once on the driver, re-validated in each worker."""
 
     data: DataConfig = Field(description="Input data (data.path or data.synthetic).")
+    delivery: DeliveryConfig = Field(
+        default_factory=DeliveryConfig, description="How rows reach the ranks."
+    )
     buckets: Buckets = Field(
         default_factory=OptimisedBuckets, description="Length buckets: edges, or optimised."
     )
@@ -363,6 +368,14 @@ class RunConfig(_Section):
             return top, f"the top edge of buckets.edges ({top})"
         top = int(self.data.max_length)
         return top, f"data.max_length={top} (the top edge of optimised buckets)"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_moved_keys(cls, data: Any) -> Any:
+        refusal = moved_keys_refusal(data)
+        if refusal:
+            raise ValueError(refusal)
+        return data
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:

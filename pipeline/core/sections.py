@@ -142,37 +142,6 @@ class DataConfig(_Section):
         description="Quarantine parquet path; null: <cache dir>/quarantine.parquet.",
     )
     pad_id: NonNegativeInt = Field(0, description="Token id written into padding slots.")
-    # Chapters (pipeline/core/chapters.py): 2**28 = chapters.DEFAULT_CHAPTER_TOKENS, chosen there.
-    chapter_tokens: PositiveInt | None = Field(
-        2**28,
-        description="Most real tokens one chapter (a run of consecutive global steps read, sorted "
-        "and held in the object store together) may hold; 2**28 int32 ids = 1 GiB. Null: no limit.",
-    )
-    chapter_steps: PositiveInt | None = Field(
-        None, description="Most global steps one chapter may hold. Null: no limit."
-    )
-    lead_tokens: PositiveInt | None = Field(
-        2**22,
-        description="Lead-in: where nothing is prepared yet (a cold start, a resume), the first "
-        "range served holds at most this many real tokens and each next one 4 times more, up to "
-        "the chapter's end, so the first step waits for a small read. Null: the first step "
-        "waits for its whole chapter.",
-    )
-    row_cache: bool = Field(
-        True,
-        description="Keep each row group's checked rows, decoded once, in an uncompressed file on "
-        "the feeder's node, and prepare every range there from those files: a chapter then costs "
-        "its own bytes instead of a decode of the whole corpus, and its blocks live on the "
-        "feeder's node. Costs disk equal to the decoded corpus (4 bytes per token). False: each "
-        "chapter reads parquet and is sorted by Ray Data across the cluster.",
-    )
-    row_cache_dir: str | None = Field(
-        None,
-        json_schema_extra=PATH,
-        description="Where the row cache is kept, a directory on the driver's node, refused at "
-        "start when it cannot be created or written; null: `rows` in the index cache when that "
-        "is local and writable (else ~/.cache/bucketray/rows, with a warning).",
-    )
 
     # The data source: one group or the other (an override of one drops the other's fields).
     exclusive_groups: ClassVar[tuple[frozenset[str], ...]] = (
@@ -202,7 +171,7 @@ class DataConfig(_Section):
                 "data.glob and data.split select files under data.path and have no effect on the "
                 "synthetic corpus: remove them, or set data.path"
             )
-        for name in ("cache_dir", "quarantine_path", "row_cache_dir"):
+        for name in ("cache_dir", "quarantine_path"):
             v = getattr(self, name)
             if v is not None and not v.strip():
                 raise ValueError(f"data.{name} is empty: set a path, or null for the default")
@@ -215,11 +184,6 @@ class DataConfig(_Section):
             raise ValueError(
                 "data.quarantine_path has no effect with data.on_bad_rows=error (bad rows stop "
                 "the run, nothing is quarantined): remove it, or set data.on_bad_rows=quarantine"
-            )
-        if self.row_cache_dir is not None and not self.row_cache:
-            raise ValueError(
-                "data.row_cache_dir has no effect with data.row_cache=false: remove it, or set "
-                "data.row_cache=true"
             )
         return self
 

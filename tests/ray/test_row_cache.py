@@ -42,9 +42,9 @@ class Data:
         self.row_groups = sum(len(r) for r in self.index.row_groups)
         self.reference = {e: self.streams(self.parquet_cfg, e)[0] for e in (0, 1)}
 
-    def cfg(self, **data):
-        data = {"chapter_steps": CHAPTER_STEPS, "lead_tokens": None} | data
-        return base_cfg(self.path, train={"epochs": 2}, data=data)
+    def cfg(self, **delivery):
+        delivery = {"chapter_steps": CHAPTER_STEPS, "lead_tokens": None} | delivery
+        return base_cfg(self.path, train={"epochs": 2}, delivery=delivery)
 
     def streams(self, cfg, epoch, prefetch=False, **kw):
         name = f"rows-{uuid.uuid4().hex[:8]}"
