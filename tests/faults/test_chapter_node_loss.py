@@ -22,7 +22,7 @@ from pipeline.data import (
     stop_feeder,
 )
 from tests.faults.conftest import report
-from tests.ray.test_data_delivery import base_cfg, write_corpus
+from tests.ray.small_corpus import base_cfg, write_corpus
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

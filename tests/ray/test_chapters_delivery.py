@@ -21,7 +21,7 @@ from pipeline.data import (
     start_feeder,
     stop_feeder,
 )
-from tests.ray.test_data_delivery import base_cfg, write_corpus
+from tests.ray.small_corpus import base_cfg, write_corpus
 
 pytestmark = pytest.mark.ray
 

@@ -21,8 +21,8 @@ from pipeline.data import (
     stop_feeder,
 )
 from tests.flaky_fs import flaky_fs, opens
+from tests.ray.small_corpus import base_cfg, write_corpus
 from tests.ray.test_chapters_delivery import assert_same_streams
-from tests.ray.test_data_delivery import base_cfg, write_corpus
 
 pytestmark = pytest.mark.ray
 

@@ -25,7 +25,7 @@ from pipeline.data.run_warnings import (
 )
 from pipeline.train.launch import run
 from tests.helpers import tiny_config
-from tests.ray.test_data_delivery import base_cfg, write_corpus
+from tests.ray.small_corpus import base_cfg, write_corpus
 
 pytestmark = pytest.mark.ray
 
