@@ -41,6 +41,7 @@ def _train(tmp_path, policy: str) -> list[dict]:
     return [json.loads(x) for x in metrics.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_the_sorted_baseline_trains_on_the_shipped_demo_config(cluster, tmp_path):
     lines = _train(tmp_path, "sorted")
     steps = [m for m in lines if "train/loss" in m]

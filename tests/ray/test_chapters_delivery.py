@@ -94,7 +94,7 @@ def assert_same_streams(got, want):
             assert all((getattr(a, k) == getattr(b, k)).all() for k in TENSORS), (r, a.step)
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_chaptered_epoch_delivers_the_unchaptered_per_rank_sequence(data, world):
     plan = data.plan(0, world)
     bounds = data.bounds(plan)
@@ -164,7 +164,9 @@ def test_chapters_are_prepared_ahead_and_dropped_once_every_rank_passed_them(dat
         stop_feeder(name)
 
 
-@pytest.mark.parametrize("start", [0, CHAPTER_STEPS + 4])  # a cold start; a resume mid-chapter
+@pytest.mark.parametrize(
+    "start", [0, pytest.param(CHAPTER_STEPS + 4, marks=pytest.mark.slow)]
+)  # a cold start; a resume mid-chapter
 def test_a_lead_in_then_chapters_deliver_the_unchaptered_sequence(data, start):
     world = 2
     plan = data.plan(0, world)
@@ -189,6 +191,7 @@ def test_a_lead_in_then_chapters_deliver_the_unchaptered_sequence(data, start):
         assert s["rg_filled"] == 0 if small else s["rg_parquet"] == 0, s
 
 
+@pytest.mark.slow
 def test_without_the_row_cache_chapters_are_sorted_by_ray_data_after_the_lead_in(data):
     world = 2
     plan = data.plan(0, world)

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.ray
 
 
+@pytest.mark.slow
 def test_gpu_smoke_script_dry_mode_trains_and_checkpoints_on_cpu(tmp_path):
     env = {
         **os.environ,

@@ -120,6 +120,7 @@ def warning_model(config: dict) -> torch.nn.Module:
     return Model()
 
 
+@pytest.mark.slow
 def test_a_warning_of_every_training_worker_shows_once_with_its_count(cluster, tmp_path, capsys):
     cfg = tiny_config(
         tmp_path,

@@ -119,6 +119,7 @@ def test_tokenize_user_errors_are_one_line(cluster, tmp_path, capsys):
     assert "cannot load tokenizer /nope.json" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_three_commands_from_jsonl_to_a_trained_hugging_face_model(cluster, tmp_path):
     transformers = pytest.importorskip("transformers")
     import torch
