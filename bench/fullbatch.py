@@ -5,7 +5,7 @@ padding efficiency, both relative to the reference a peer would accept (sorted b
 greedily to the same budget, as fairseq's `batch_by_size`), and the steps whose padded slots
 exceed the budget. Rows: that reference; lhotse-style dynamic bucketing (32 equal-mass buckets,
 `max_duration` = budget, its default sum rule and its strict variant); HF `group_by_length`
-(fixed batch budget // longest, the simulation of `bench.peers`); bucketray at K=32 and
+(fixed batch budget // longest, the simulation of `pipeline.report.peers`); bucketray at K=32 and
 auto, before (`fill: fixed_per_bucket`) and after (`fill: greedy`). Plus the HF samplers' fidelity
 (simulated vs the real transformers samplers, when installed) and the planning time of one epoch.
 """
@@ -18,12 +18,12 @@ import warnings
 import numpy as np
 
 from bench.padding import median_time
-from bench.peers import hf_length_grouped, lhotse_style
 from pipeline.core.buckets import optimize_all
 from pipeline.core.config import BatchingConfig, PlanConfig
 from pipeline.core.epochs import auto_edges
 from pipeline.core.metrics import micro_batch_padded
 from pipeline.core.plan import EpochPlan, epoch_plan
+from pipeline.report.peers import hf_length_grouped, lhotse_style
 
 __all__ = ["budget_table", "hf_fidelity"]
 
@@ -144,7 +144,7 @@ def hf_fidelity(
 ) -> dict:
     """HF samplers: the simulation vs the real transformers samplers (when installed), and the
     real `BatchRebalanceSampler` (slow: pure Python per global batch, so on a prefix)."""
-    from bench import hf_peers
+    from pipeline.report import hf_peers
 
     lengths = np.asarray(lengths, dtype=np.int64)
 

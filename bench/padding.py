@@ -1,6 +1,6 @@
 """Benchmark section 1: padding efficiency of every batching policy, and what planning costs.
 
-Scores come from `bench.report` (the same simulator as `jobs.plan_buckets`): sorted-static,
+Scores come from `pipeline.report` (the same simulator as `jobs.plan_buckets`): sorted-static,
 random, HF-style megabatch grouping, the team's six edges and exact-DP edges for several K and
 for `num_buckets: auto`, at a fixed micro-batch and at a token budget. Planning cost is timed
 at the preset's size and at ten times it, to show how it grows with the data.
@@ -14,7 +14,6 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from bench.policies import auto_search, compare_policies, policy_label
 from pipeline.core.buckets import optimize, optimize_all
 from pipeline.core.config import (
     TEAM_EDGES,
@@ -24,6 +23,7 @@ from pipeline.core.config import (
     TokenBudgetBatching,
 )
 from pipeline.core.plan import epoch_plan
+from pipeline.report.policies import auto_search, compare_policies, policy_label
 
 __all__ = ["BATCHINGS", "padding_table", "planning_costs", "median_time"]
 

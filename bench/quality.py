@@ -14,7 +14,6 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from bench.policies import megabatch_order
 from pipeline.core.config import Batching, PlanConfig
 from pipeline.core.metrics import (
     BucketLossTracker,
@@ -23,6 +22,7 @@ from pipeline.core.metrics import (
     switch_rate,
 )
 from pipeline.core.plan import EpochPlan, epoch_plan
+from pipeline.report.peers import megabatch_order
 
 __all__ = [
     "repeated_pair_share",

@@ -22,9 +22,6 @@ from pathlib import Path
 import numpy as np
 from pydantic import ValidationError
 
-from bench.report import build_report
-from bench.report_plot import plot_frontier, plot_report
-from bench.report_text import render_text
 from jobs._cli import count
 from jobs._plan_inputs import (
     DEFAULT_MAX_LENGTH,
@@ -47,6 +44,9 @@ from pipeline.core.frontier import FrontierPoint, frontier_ks
 from pipeline.core.metrics import truncation_counts
 from pipeline.core.packing import PackingSpec, attention_width_for, pack_epoch, packed_summary
 from pipeline.core.synthetic import PRESETS
+from pipeline.report.build import build_report
+from pipeline.report.plot import plot_frontier, plot_report
+from pipeline.report.text import render_text
 
 PROG = "python -m jobs.plan_buckets"
 

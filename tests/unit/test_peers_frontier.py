@@ -8,9 +8,6 @@ import warnings
 import numpy as np
 import pytest
 
-from bench.peers import equal_mass_boundaries, hf_length_grouped, lhotse_style
-from bench.policies import compare_policies, megabatch_order
-from bench.report_plot import plot_frontier
 from pipeline.core.buckets import optimize_all
 from pipeline.core.config import BatchingConfig, PlanConfig
 from pipeline.core.epochs import auto_edges
@@ -18,6 +15,14 @@ from pipeline.core.frontier import frontier, recomposition_floor
 from pipeline.core.metrics import batch_recomposition, micro_batch_padded
 from pipeline.core.plan import epoch_plan
 from pipeline.core.synthetic import seed902k_lengths
+from pipeline.report.peers import (
+    equal_mass_boundaries,
+    hf_length_grouped,
+    lhotse_style,
+    megabatch_order,
+)
+from pipeline.report.plot import plot_frontier
+from pipeline.report.policies import compare_policies
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +38,7 @@ def _eff(lengths, ids, offsets):
 @pytest.mark.parametrize("world_size", [1, 8])
 def test_hf_simulation_matches_the_real_transformers_samplers(lengths, world_size):
     pytest.importorskip("transformers")
-    from bench import hf_peers
+    from pipeline.report import hf_peers
 
     real = hf_peers.length_grouped(lengths, 32, world_size, seed=0)
     sim = hf_length_grouped(lengths, 32, world_size, seed=0)

@@ -14,14 +14,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.policies import (
-    auto_search,
-    compare_policies,
-    fixed_batch_size,
-    megabatch_order,
-    order_score,
-    plan_score,
-)
 from jobs.plan_buckets import main
 from pipeline.core import epochs
 from pipeline.core.buckets import optimize_all
@@ -29,6 +21,14 @@ from pipeline.core.config import TEAM_EDGES, FixedBatching, TokenBudgetBatching,
 from pipeline.core.metrics import truncation_counts
 from pipeline.core.plan import epoch_plan
 from pipeline.core.synthetic import seed902k_lengths
+from pipeline.report.peers import megabatch_order
+from pipeline.report.policies import (
+    auto_search,
+    compare_policies,
+    fixed_batch_size,
+    order_score,
+    plan_score,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXED32 = FixedBatching(batch_size=32)

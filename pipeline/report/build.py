@@ -1,9 +1,8 @@
-"""Padding report: the bucket report of one set of sample lengths (a JSON-ready dict).
+"""The bucket report of one set of sample lengths (a JSON-ready dict).
 
 The chosen edges (given, optimal for K, or `auto`), their epoch plan, per-bucket sizes and the
-policy table scored by `bench.policies` (the policies, their scores and `auto_search` are
-imported from there). The text rendering is `report_text.render_text`, the PNG
-`report_plot.plot_report`. Pure numpy.
+policy table scored by `policies` (the policies, their scores and `auto_search` are imported
+from there). The text rendering is `text.render_text`, the PNG `plot.plot_report`. Pure numpy.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ from dataclasses import asdict
 
 import numpy as np
 
-from bench.policies import PolicyScore, auto_search, compare_policies, fixed_batch_size
 from pipeline.core.buckets import EdgeTable, optimize_all, padded_to_edges
 from pipeline.core.config import TEAM_EDGES, Batching, PlanConfig
 from pipeline.core.frontier import frontier
@@ -23,6 +21,7 @@ from pipeline.core.plan import (
     epoch_plan,
     global_batch_sizes,
 )
+from pipeline.report.policies import PolicyScore, auto_search, compare_policies, fixed_batch_size
 
 __all__ = ["bucket_rows", "build_report"]
 

@@ -1,4 +1,4 @@
-"""The padding report (`bench.report.build_report`) as readable plain text."""
+"""The bucket report (`build.build_report`) as readable plain text."""
 
 from __future__ import annotations
 
