@@ -87,7 +87,8 @@ def _timed_index(data_dir: str, token_budget: int, vocab_size: int, consumers: i
     cfg = RunConfig.model_validate(
         {
             # One chapter: this measures the whole epoch's sort (chapters: measure_chapters).
-            "data": {"path": data_dir, "cache_dir": cache, "chapter_tokens": None},
+            "data": {"path": data_dir, "cache_dir": cache},
+            "delivery": {"chapter_tokens": None},
             "batching": {"token_budget": token_budget},
             "model": {"vocab_size": vocab_size},
             "scaling": {"num_workers": consumers},
@@ -189,10 +190,10 @@ def measure_delivery(
         "sort_s": med([p["sort_s"] for p in preps]),
         "split_s": med([p["split_s"] for p in preps]),
         "prepare_wall_s": med([p["prepare_wall_s"] for p in preps]),
-        # the first epoch fills the row cache (data.row_cache), the later ones read it
+        # the first epoch fills the row cache (delivery.row_cache), the later ones read it
         "prepare_first_s": preps[0]["prepare_wall_s"],
         "prepare_later_s": med([p["prepare_wall_s"] for p in preps[1:]]) if repeats > 1 else None,
-        "row_cache": cfg.data.row_cache,
+        "row_cache": cfg.delivery.row_cache,
         "ray_tokens_per_s_per_consumer": per_consumer_med,
         "ray_tokens_per_s_per_consumer_all": [[round(v) for v in row] for row in per_consumer],
         "ray_tokens_per_s_total": med(totals),
@@ -334,9 +335,8 @@ def measure_chapters(
         for ct in chapter_tokens:
             cfg = RunConfig.model_validate(
                 {
-                    "data": {
-                        "path": data_dir,
-                        "cache_dir": cache,
+                    "data": {"path": data_dir, "cache_dir": cache},
+                    "delivery": {
                         "chapter_tokens": ct,
                         # each size starts on an empty row cache: its first chapter fills it
                         "row_cache_dir": f"{cache}/rows-{ct}",

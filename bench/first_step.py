@@ -6,7 +6,7 @@ inside a chapter (a new feeder, as a resumed run gets) consumed for a few steps.
 
 - the time to the first micro-batch of every consumer, cold and after the restart, from the
   feeder's start with the length index cached; the index's own build (once per corpus) apart.
-  With data.row_cache the first cold run starts on an empty row cache (a corpus this node has
+  With delivery.row_cache the first cold run starts on an empty row cache (a corpus this node has
   not prepared before) and fills it; the second goes through the same chapters again from the
   filled cache (`warm`), and the later starts find it filled too;
 - each consumer's rate on the blocks it was handed: real tokens over the time spent in the
@@ -151,7 +151,7 @@ def read_amplification(cfg: RunConfig, index, edges, world: int) -> dict:
     """Parquet bytes one epoch reads (index estimate, row groups weighted by their rows' ids),
     without and with a lead-in at step 0, as multiples of the corpus."""
     plan = epoch_plan_for(cfg, index, edges, 0, world)
-    d = cfg.data
+    d = cfg.delivery
     ranges = EpochRanges.of(plan, d)  # as the feeder cuts it
     b = ranges.bounds
     rg = row_group_of(index.file_idx, index.rows, index.row_groups)
@@ -182,11 +182,11 @@ def measure_first_steps(
     resumes: int | None = None,
     vocab_size: int = 512,
     token_budget: int = 65_536,
-    data: dict | None = None,
+    delivery: dict | None = None,
     data_dir: str | None = None,
 ) -> dict:
     """The cold start through `chapters` chapters and a restart mid-chapter (see the module
-    docstring); `data` overrides fields of the data section (chapter_tokens, lead_tokens).
+    docstring); `delivery` overrides fields of the delivery section (chapter_tokens, lead_tokens).
 
     Times to the first step are noisy on a shared machine: the cold start and the restart
     each run `repeats` times (the extra cold starts stop after `resume_steps` steps, except
@@ -203,7 +203,8 @@ def measure_first_steps(
     with tempfile.TemporaryDirectory(prefix="bucketray-bench-index-") as cache:
         cfg = RunConfig.model_validate(
             {
-                "data": {"path": data_dir, "cache_dir": cache} | (data or {}),
+                "data": {"path": data_dir, "cache_dir": cache},
+                "delivery": delivery or {},
                 "batching": {"token_budget": token_budget},
                 "model": {"vocab_size": vocab_size},
                 "scaling": {"num_workers": consumers},
@@ -218,7 +219,7 @@ def measure_first_steps(
         t = time.perf_counter()
         plan = epoch_plan_for(cfg, index, edges, 0, consumers)
         plan_s = time.perf_counter() - t
-        d = cfg.data
+        d = cfg.delivery
         b = EpochRanges.of(plan, d).bounds
         c = min(chapters, b.size - 1)
         cold = _run(cfg, index, edges, data_dir, 0, int(b[c]), consumers)

@@ -10,12 +10,14 @@ demo's (`configs/local.yaml`). Two questions, answered apart:
    steps and the same schedule for every policy; packed rows take the rows per step that hold
    as many real tokens), so only the composition of the batches differs. The held-out loss
    after `epochs` epochs, mean and spread over seeds.
-2. At equal time: each policy as it would run (the demo's padded-token budget; packed rows of
-   2,048 tokens, 8 per step), trained for as many steps as it fits in the time sorted-static
-   takes for `epochs` epochs, its schedule ending there. The time of a step is its real tokens
-   times the policy's seconds per real token, measured in one run on this machine: full
-   training steps (forward, backward, clipping, AdamW) of every policy's own micro-batches,
-   the policies taking turns step by step, the median over rounds.
+2. At equal time: the same runs, priced by what their steps cost. Each policy's seconds per
+   real token are measured in one run on this machine: full training steps (forward, backward,
+   clipping, AdamW) of every policy's own epoch-0 micro-batches, the policies taking turns step
+   by step, the median of the per-round ratios to sorted-static. A policy's held-out curve
+   against real tokens times its rate is its curve against time; read at the time sorted-static
+   takes for `epochs` epochs (linear between evaluations), and the time at which it first
+   reaches sorted-static's final held-out loss. A policy slower than sorted-static is read
+   before its schedule ends; a faster one stops at its last epoch, before the budget.
 
 Training runs in one process through the real planner, collation and `Trainer` (no Ray, one
 rank): the loss curves are a deterministic function of the seed, whatever the machine's load.
@@ -35,6 +37,7 @@ import io
 import json
 import os
 import platform
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -53,7 +56,6 @@ from pipeline.data.textcorpus import write_text_corpus
 __all__ = [
     "POLICIES",
     "Corpus",
-    "equal_time_steps",
     "load_corpus",
     "main",
     "policy_config",
@@ -137,10 +139,11 @@ def load_corpus(work: Path, num_samples: int, top: int) -> Corpus:
 
 
 def policy_config(
-    name: str, *, question: str, corpus: Corpus, seed: int, epochs: int, eval_every: int,
-    batch_size: int, max_steps: int | None = None,
-) -> RunConfig:  # fmt: skip
-    """The demo config with the policy's overrides, for `question` ("time" or "optimisation")."""
+    name: str, *, corpus: Corpus, seed: int, epochs: int, eval_every: int, batch_size: int
+) -> RunConfig:
+    """The demo config with the policy's overrides: `batch_size` samples per step (packed rows:
+    8 rows of 2,048 tokens, about as many real tokens), `epochs` epochs, the held-out loss every
+    `eval_every` steps."""
     top = corpus.top
     per = [o.format(top=top, team=str(scaled_edges(top)).replace(" ", "")) for o in POLICIES[name]]
     shared = [
@@ -148,7 +151,6 @@ def policy_config(
         "data.split=train",
         f"data.max_length={top}",
         f"train.epochs={epochs}",
-        f"train.max_steps={'null' if max_steps is None else max_steps}",
         f"train.seed={seed}",
         f"plan.seed={seed}",
         "train.log_every=1000000",
@@ -158,7 +160,7 @@ def policy_config(
         "eval.split=validation",
         f"eval.every_steps={eval_every}",
     ]
-    if question == "optimisation" and name != "packed":
+    if name != "packed":
         shared += ["batching.mode=fixed", f"batching.batch_size={batch_size}"]
     return load_config(DEMO_CONFIG, shared + per)
 
@@ -291,53 +293,69 @@ def measure_throughput(
     return out
 
 
-def equal_time_steps(step_real: list[float], s_per_token: float, budget_s: float) -> int:
-    """How many of a run's planned steps (real tokens each) fit in `budget_s` seconds."""
-    t = np.cumsum(np.asarray(step_real, dtype=np.float64)) * s_per_token
-    return int(np.searchsorted(t, budget_s * (1 + 1e-9), side="right"))
-
-
-def _planned_step_real(cfg: RunConfig, corpus: Corpus) -> list[float]:
-    edges = [int(e) for e in resolve_edges(cfg, corpus.lengths)]
-    out: list[float] = []
-    for p in _plans(cfg, corpus, edges):
-        out += np.add.reduceat(p.lengths, p.step_offsets[:-1]).astype(float).tolist()
-    return out
-
-
 def summarize(results: dict) -> dict:
     """Per question and policy: the final held-out loss (mean, spread = max - min over seeds,
-    each seed's), and at equal time the time each seed took to reach sorted-static's mean
-    final held-out loss (None: not within the budget)."""
+    each seed's). With a measured throughput, the equal-time question from the optimisation
+    runs: each seed's loss at sorted-static's time for its epochs and the time it first
+    reaches sorted-static's mean final loss (None: not within its run)."""
     out: dict = {}
-    for q, runs in results.get("runs", {}).items():
+    runs = results.get("runs", {})
+    for q in ("optimisation",):
         table = {}
-        for name, by_seed in runs.items():
+        for name, by_seed in runs.get(q, {}).items():
             final = [r["eval"]["loss"][-1] for r in by_seed.values()]
-            per_sample = [r["eval"]["loss_per_sample"][-1] for r in by_seed.values()]
-            table[name] = {
-                "seeds": sorted(by_seed),
-                "loss": final,
-                "mean": float(np.mean(final)),
-                "spread": float(np.max(final) - np.min(final)),
-                "loss_per_sample_mean": float(np.mean(per_sample)),
-                "steps": [r["steps"] for r in by_seed.values()],
-                "real_tokens": float(np.mean([r["real_tokens"] for r in by_seed.values()])),
-            }
+            table[name] = _row(
+                by_seed,
+                final,
+                loss_per_sample_mean=float(
+                    np.mean([r["eval"]["loss_per_sample"][-1] for r in by_seed.values()])
+                ),
+                steps=[r["steps"] for r in by_seed.values()],
+                real_tokens=float(np.mean([r["real_tokens"] for r in by_seed.values()])),
+            )
         out[q] = table
     tp = results.get("throughput")
-    if tp and "time" in out and "sorted" in out["time"]:
-        target = out["time"]["sorted"]["mean"]
-        for name, by_seed in results["runs"]["time"].items():
+    opt = runs.get("optimisation", {})
+    if tp and "sorted" in opt and "sorted" in tp:
+        ref = opt["sorted"]
+        budget = (
+            float(np.mean([r["real_tokens"] for r in ref.values()]))
+            * tp["sorted"]["s_per_real_token"]
+        )
+        target = out["optimisation"]["sorted"]["mean"]
+        table = {}
+        for name, by_seed in opt.items():
+            if name not in tp:
+                continue
             rate = tp[name]["s_per_real_token"]
-            reach = []
+            at, reach, done = [], [], []
             for r in by_seed.values():
-                ev = r["eval"]
-                hit = [t for t, loss in zip(ev["real_tokens"], ev["loss"], strict=True)
-                       if loss <= target]  # fmt: skip
-                reach.append(hit[0] * rate if hit else None)
-            out["time"][name]["time_to_sorted_loss_s"] = reach
+                t = np.asarray(r["eval"]["real_tokens"], float) * rate
+                loss = np.asarray(r["eval"]["loss"], float)
+                at.append(float(np.interp(min(budget, t[-1]), t, loss)))
+                hit = np.flatnonzero(loss <= target)
+                reach.append(float(t[hit[0]]) if len(hit) else None)
+                done.append(float(t[-1]))
+            table[name] = _row(
+                by_seed,
+                at,
+                s_per_real_token=rate,
+                time_to_sorted_loss_s=reach,
+                run_s=done,
+                budget_s=budget,
+            )
+        out["time"] = table
     return out
+
+
+def _row(by_seed: dict, loss: list[float], **more) -> dict:
+    return {
+        "seeds": sorted(by_seed, key=int),
+        "loss": loss,
+        "mean": float(np.mean(loss)),
+        "spread": float(np.max(loss) - np.min(loss)),
+        **more,
+    }
 
 
 @contextlib.contextmanager
@@ -402,6 +420,16 @@ def _machine() -> str:
 
 
 def _save(path: Path, results: dict) -> None:
+    """Write `results`, keeping what another invocation wrote to the file meanwhile (its runs,
+    its throughput)."""
+    if path.is_file():
+        disk = json.loads(path.read_text())
+        for q, by_name in disk.get("runs", {}).items():
+            for name, by_seed in by_name.items():
+                for seed, r in by_seed.items():
+                    results["runs"].setdefault(q, {}).setdefault(name, {}).setdefault(seed, r)
+        for k, v in disk.items():
+            results.setdefault(k, v)
     results["summary"] = summarize(results)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(results, indent=1))
@@ -430,7 +458,7 @@ def main(argv: list[str] | None = None) -> dict:
     seeds = [int(s) for s in args.seeds.split(",")]
     policies = args.policies.split(",")
     results.update(
-        command="python -m bench.outcome " + " ".join(argv or []),
+        command=" ".join(["python -m bench.outcome", *(sys.argv[1:] if argv is None else argv)]),
         machine=_machine(),
         corpus=corpus.summary,
         epochs=args.epochs,
@@ -441,48 +469,27 @@ def main(argv: list[str] | None = None) -> dict:
     results.setdefault("runs", {})
     results.setdefault("date_utc", dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"))
 
-    def cfg(name, q, seed, max_steps=None, epochs=args.epochs):
+    def cfg(name, seed):
         return policy_config(
-            name, question=q, corpus=corpus, seed=seed, epochs=epochs,
-            eval_every=args.eval_every, batch_size=args.batch_size, max_steps=max_steps,
+            name, corpus=corpus, seed=seed, epochs=args.epochs, eval_every=args.eval_every,
+            batch_size=args.batch_size,
         )  # fmt: skip
 
     tasks: list[tuple] = []
-
-    def want(q: str, name: str, seed: int, max_steps=None):
-        if str(seed) not in results["runs"].get(q, {}).get(name, {}):
-            # At equal time a policy faster than sorted-static fits more than `epochs` epochs.
-            epochs = args.epochs * (2 if q == "time" else 1)
-            tasks.append((q, name, seed, cfg(name, q, seed, max_steps, epochs=epochs)))
-
     questions = args.questions.split(",")
     if "optimisation" in questions:
         for seed in seeds:
             for name in policies:
-                if name != "sorted_ascending":  # a length schedule: measured at equal time
-                    want("optimisation", name, seed)
-    if "time" in questions:
-        if "throughput" not in results:
-            print("outcome: throughput, every policy's steps taking turns", flush=True)
-            with _threads(1):
-                results["throughput"] = measure_throughput(
-                    {n: cfg(n, "time", 0) for n in policies},
-                    corpus,
-                    rounds=args.throughput_rounds,
-                )
-            results["throughput_date_utc"] = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M")
-            _save(out, results)
-        tp = results["throughput"]
-        ref = _planned_step_real(cfg("sorted", "time", 0), corpus)
-        budget = float(np.sum(ref)) * tp["sorted"]["s_per_real_token"]
-        results["time_budget_s"] = budget
-        for seed in seeds:
-            for name in policies:
-                planned = _planned_step_real(
-                    cfg(name, "time", seed, epochs=2 * args.epochs), corpus
-                )
-                steps = equal_time_steps(planned, tp[name]["s_per_real_token"], budget)
-                want("time", name, seed, max_steps=max(steps, 1))
+                if str(seed) not in results["runs"].get("optimisation", {}).get(name, {}):
+                    tasks.append(("optimisation", name, seed, cfg(name, seed)))
+    if "time" in questions and "throughput" not in results:
+        print("outcome: throughput, every policy's steps taking turns", flush=True)
+        with _threads(1):
+            results["throughput"] = measure_throughput(
+                {n: cfg(n, 0) for n in policies}, corpus, rounds=args.throughput_rounds
+            )
+        results["throughput_date_utc"] = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+        _save(out, results)
     _run_all(tasks, corpus_args=(str(work), args.samples), jobs=args.jobs, results=results, out=out)
     _save(out, results)
     return results

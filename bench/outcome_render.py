@@ -1,10 +1,11 @@
 """The outcome's tables and plot in BENCHMARKS.md, from `bench.outcome`'s JSON.
 
 Tables only: the prose around them in BENCHMARKS.md is written by hand. The block between the
-`outcome:start` and `outcome:end` markers is replaced; everything else in the file is kept.
+`outcome:start` and `outcome:end` markers is replaced, and in the README the one between
+`outcome:headline:start` and `outcome:headline:end`; everything else in the files is kept.
 
     python -m bench.outcome_render --json benchmarks/outcome.json --md BENCHMARKS.md \\
-        --png benchmarks/outcome.png
+        --png benchmarks/outcome.png --readme README.md
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.outcome import LABELS
+from bench.outcome import LABELS, summarize
 
-__all__ = ["outcome_tables", "plot_outcome", "replace_block"]
+__all__ = ["outcome_headline", "outcome_tables", "plot_outcome", "replace_block"]
 
 START, END = "<!-- outcome:start -->", "<!-- outcome:end -->"
+HEADLINE = "outcome:headline"
 
 
 def _seeds(values) -> str:
@@ -28,7 +30,7 @@ def _seeds(values) -> str:
 
 def outcome_tables(results: dict) -> str:
     """The equal-optimisation and equal-time tables, policies as measured."""
-    s = results["summary"]
+    s = summarize(results)
     out = [
         f"`{results['command'].strip()}`, {results['date_utc']}, {results['machine']}: "
         f"{results['corpus']['train_samples']:,} training and "
@@ -53,33 +55,60 @@ def outcome_tables(results: dict) -> str:
                 f"{int(np.mean(row['steps']))} |"
             )
         out.append("")
-    if "time" in s and "throughput" in results:
+    if "time" in s:
         tp = results["throughput"]
+        budget = next(iter(s["time"].values()))["budget_s"]
         out += [
-            f"**At equal time** (each policy as it runs; a budget of "
-            f"{results['time_budget_s']:.0f} s, sorted-static's {results['epochs']} epochs at "
-            "its measured rate):",
+            f"**At equal time** (the same runs, each step priced at its policy's seconds per real "
+            f"token, measured {results.get('throughput_date_utc', '')} with the policies taking "
+            f"turns step by step; budget: sorted-static's {results['epochs']} epochs, "
+            f"{budget:.0f} s at one thread):",
             "",
-            "| policy | real tok/s vs sorted-static (same run, rounds) | steps in the budget | "
-            "real tokens | held-out loss (mean) | spread | each seed | time to sorted-static's "
-            "loss |",
-            "|---|---|---|---|---|---|---|---|",
+            "| policy | real tok/s vs sorted-static (median; rounds) | its 3 epochs take | "
+            "held-out loss at the budget (mean) | spread | each seed | time to sorted-static's "
+            "final loss |",
+            "|---|---|---|---|---|---|---|",
         ]
         for name, row in _by_mean(s["time"]):
             ratios = np.asarray(tp[name]["ratio_to_reference"])
-            reach = row.get("time_to_sorted_loss_s") or []
+            reach = row["time_to_sorted_loss_s"]
             got = [r for r in reach if r is not None]
             when = (
                 f"{np.median(got):.0f} s ({len(got)}/{len(reach)} seeds)" if got else "not reached"
             )
             out.append(
                 f"| {LABELS.get(name, name)} | {1 / np.median(ratios):.2f} "
-                f"({', '.join(f'{1 / r:.2f}' for r in ratios)}) | {int(np.mean(row['steps']))} | "
-                f"{row['real_tokens'] / 1e6:.2f}M | {row['mean']:.4f} | {row['spread']:.4f} | "
-                f"{_seeds(row['loss'])} | {when} |"
+                f"({', '.join(f'{1 / r:.2f}' for r in ratios)}) | {np.mean(row['run_s']):.0f} s | "
+                f"{row['mean']:.4f} | {row['spread']:.4f} | {_seeds(row['loss'])} | {when} |"
             )
         out.append("")
     return "\n".join(out)
+
+
+def _cell(row: dict | None) -> str:
+    if row is None:
+        return "not measured"
+    return f"{row['mean']:.3f} ± {row['spread'] / 2:.3f} ({len(row['loss'])} seeds)"
+
+
+def outcome_headline(results: dict) -> str:
+    """The README's table: each policy's final held-out loss per question, mean ± half the
+    spread over seeds, best first at equal optimisation."""
+    s = summarize(results)
+    opt, eq_time = s.get("optimisation", {}), s.get("time", {})
+    names = sorted(set(opt) | set(eq_time), key=lambda n: (opt or eq_time)[n]["mean"]
+                   if n in (opt or eq_time) else float("inf"))  # fmt: skip
+    out = [
+        f"`{results['command'].strip()}`, {results['date_utc']}, {results['machine']}; "
+        f"held-out loss in nats per token after {results['epochs']} epochs (equal optimisation) "
+        "or in sorted-static's time (equal time).",
+        "",
+        "| policy | equal optimisation | equal time |",
+        "|---|---|---|",
+    ]
+    for n in names:
+        out.append(f"| {LABELS.get(n, n)} | {_cell(opt.get(n))} | {_cell(eq_time.get(n))} |")
+    return "\n".join(out) + "\n"
 
 
 def _seed_names(summary: dict) -> list[str]:
@@ -115,24 +144,28 @@ def plot_outcome(results: dict, path: str | Path) -> str:
 
     runs = results["runs"]
     panels = [("optimisation", "step", "global step (equal optimisation)")]
-    if "time" in runs and "throughput" in results:
+    if "throughput" in results:
         panels += [
-            ("time", "time", "seconds at the measured rate (equal time)"),
-            ("time", "tokens", "real tokens (equal time)"),
+            ("optimisation", "tokens", "real tokens"),
+            ("optimisation", "time", "seconds at the measured rate (equal time)"),
         ]
-    panels = [p for p in panels if p[0] in runs]
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.6), squeeze=False)
     names = list(LABELS)
     cmap = plt.get_cmap("tab10")
     for ax, (q, x, label) in zip(axes[0], panels, strict=True):
         lows = []
         for name, by_seed in runs[q].items():
+            if x == "time" and name not in results["throughput"]:
+                continue
             rate = results["throughput"][name]["s_per_real_token"] if x == "time" else 1.0
             grid, mean, lo, hi = _curves(by_seed, "step" if x == "step" else "tokens", rate)
             color = cmap(names.index(name) % 10 if name in names else 9)
             ax.plot(grid, mean, color=color, lw=1.4, label=LABELS.get(name, name))
             ax.fill_between(grid, lo, hi, color=color, alpha=0.15, lw=0)
             lows.append(float(mean[len(mean) // 3]))
+        if x == "time" and "time" in summarize(results):
+            budget = next(iter(summarize(results)["time"].values()))["budget_s"]
+            ax.axvline(budget, color="k", ls=":", lw=1, label="budget: sorted-static's time")
         ax.set_xlabel(label)
         ax.set_ylabel("held-out loss (nats per token)")
         bottom = min(min(r["eval"]["loss"]) for b in runs[q].values() for r in b.values())
@@ -147,13 +180,14 @@ def plot_outcome(results: dict, path: str | Path) -> str:
     return str(path)
 
 
-def replace_block(markdown: str, block: str) -> str:
-    """`markdown` with the text between the outcome markers replaced by `block`."""
-    if START not in markdown or END not in markdown:
-        raise ValueError(f"no {START} ... {END} block to replace")
-    head, rest = markdown.split(START, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{START}\n{block.strip()}\n{END}{tail}"
+def replace_block(markdown: str, block: str, name: str = "outcome") -> str:
+    """`markdown` with the text between the `name` markers replaced by `block`."""
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    if start not in markdown or end not in markdown:
+        raise ValueError(f"no {start} ... {end} block to replace")
+    head, rest = markdown.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{start}\n{block.strip()}\n{end}{tail}"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -161,12 +195,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", default="benchmarks/outcome.json")
     ap.add_argument("--md", default="BENCHMARKS.md")
     ap.add_argument("--png", default="benchmarks/outcome.png")
+    ap.add_argument("--readme", default=None, help="also its headline block (README.md)")
     args = ap.parse_args(argv)
     results = json.loads(Path(args.json).read_text())
     plot_outcome(results, args.png)
     md = Path(args.md)
     md.write_text(replace_block(md.read_text(), outcome_tables(results)))
-    print(f"outcome: tables in {md}, plot {args.png}")
+    if args.readme:
+        readme = Path(args.readme)
+        readme.write_text(replace_block(readme.read_text(), outcome_headline(results), HEADLINE))
+    print(
+        f"outcome: tables in {md}, plot {args.png}"
+        + (f", headline in {args.readme}" if args.readme else "")
+    )
 
 
 if __name__ == "__main__":

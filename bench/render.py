@@ -302,7 +302,7 @@ def _section_delivery(r: dict) -> list[str]:
         "training uses (length index, edges, the feeder's plan-keyed sort and split), consumed "
         "by 2 Ray tasks padding micro-batches to torch tensors, against a one-process "
         "pyarrow+numpy baseline doing the same gathering and padding. Medians over epochs. "
-        "Epoch preparation: with the row cache (data.row_cache), the first epoch's, which "
+        "Epoch preparation: with the row cache (delivery.row_cache), the first epoch's, which "
         "decodes every row group once into it, / the median of the later epochs', which copy "
         "their rows out of it.",
         "",

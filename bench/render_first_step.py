@@ -100,7 +100,7 @@ def section_first_steps(runs: list[dict]) -> list[str]:
         "2 consumers asking at once from step 0 and going through the first chapters, then a new "
         "feeder asked to resume half-way through the next chapter, as a restarted run does. "
         "Each consumer is a process warmed as a Ray Train worker is (torch and ray.train "
-        "imported). With the row cache (data.row_cache) the first cold start finds it empty (a "
+        "imported). With the row cache (delivery.row_cache) the first cold start finds it empty (a "
         "corpus this node has not prepared before): its lead-in reads parquet and its first "
         "chapter decodes every row group once into the cache; a second cold run then goes "
         "through the same chapters from the filled cache, and the later starts (the extra cold "
@@ -108,10 +108,10 @@ def section_first_steps(runs: list[dict]) -> list[str]:
         "its range. The rates and the waiting share come from the run on the filled cache where "
         "there is one (else the first cold run), memory from the larger of the two. "
         + (
-            f"Lead-in of {lead:,} tokens (data.lead_tokens), each next range 4x larger up to the "
+            f"Lead-in of {lead:,} tokens (delivery.lead_tokens), each next range 4x larger up to the "
             "chapter's end; "
             if lead
-            else "No lead-in (data.lead_tokens null); "
+            else "No lead-in (delivery.lead_tokens null); "
         )
         + f"chapters of {x['chapter_tokens'] or 0:,} tokens (0: whole epoch). The cold runs stop "
         "after the chapters given, the next one being prefetched by then (the feeder holds about "

@@ -61,16 +61,16 @@ class SuiteOptions:
     full_delivery_repeats: int = 1  # epochs at 902K: each sorts ~1 GB (~80 s on 2 cores)
     # Below 902K: one cold epoch whole and one in chapters of this many tokens (None: skip).
     delivery_chapter_tokens: int | None = 2**25
-    # One cold epoch whole and one in chapters of data.chapter_tokens' default at these sizes
+    # One cold epoch whole and one in chapters of delivery.chapter_tokens' default at these sizes
     # too: memory against corpus size, with and without chapters (None in measure_chapters).
     chapter_samples: list[int] = field(default_factory=lambda: [PRESETS["seed902k"]])
     # Time to the first step, cold and after a restart mid-chapter, and the delivery rates past
-    # it (bench.first_step), with the data section's defaults unless overridden here.
+    # it (bench.first_step), with the delivery section's defaults unless overridden here.
     first_step_samples: list[int] = field(default_factory=lambda: [100_000, 902_087, 2_000_000])
     # Starts repeated at sizes up to the preset's (the median is reported); once above it.
     first_step_repeats: int = 3
     first_step_chapters: int = 2  # chapters the cold run goes through (the next is prefetched)
-    first_step_data: dict = field(default_factory=dict)
+    first_step_delivery: dict = field(default_factory=dict)
     work_dir: str = "out/bench"
     gpu_metrics: str = GPU_METRICS
     quick: bool = False
@@ -96,7 +96,7 @@ class SuiteOptions:
             first_step_samples=[5_000],
             first_step_chapters=2,
             first_step_repeats=2,
-            first_step_data={"chapter_tokens": 2**21, "lead_tokens": 2**15},
+            first_step_delivery={"chapter_tokens": 2**21, "lead_tokens": 2**15},
             quick=True,
         )
         return cls(**(base | kw))
@@ -276,7 +276,7 @@ def _chapters(opts: SuiteOptions, log: Callable[[str], None]) -> list[dict]:
     """measure_chapters at `opts.chapter_samples`: the whole epoch, then chapters of the
     default size; each row gets its corpus size."""
     from bench.delivery import measure_chapters
-    from pipeline.core.sections import DataConfig
+    from pipeline.core.deliveryconfig import DEFAULT_CHAPTER_TOKENS
 
     out = []
     for n in opts.chapter_samples:
@@ -285,7 +285,7 @@ def _chapters(opts: SuiteOptions, log: Callable[[str], None]) -> list[dict]:
         rows = measure_chapters(
             n,
             2,
-            (None, DataConfig.model_fields["chapter_tokens"].default),
+            (None, DEFAULT_CHAPTER_TOKENS),
             shards=shards,
             data_dir=f"data/bench/seed902k-{n}-{shards}",
         )
@@ -308,7 +308,7 @@ def _first_steps(opts: SuiteOptions, log: Callable[[str], None]) -> list[dict]:
             chapters=opts.first_step_chapters,
             # above the preset: a start on the empty row cache and one on the filled cache
             repeats=opts.first_step_repeats if n <= PRESETS["seed902k"] else 2,
-            data=opts.first_step_data,
+            delivery=opts.first_step_delivery,
             data_dir=f"data/bench/seed902k-{n}-{shards}",
         )
         out.append(r | {"wall_s": time.perf_counter() - t})

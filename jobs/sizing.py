@@ -26,9 +26,12 @@ import sys
 import time
 from pathlib import Path
 
+from pipeline.core.deliveryconfig import DEFAULT_CHAPTER_TOKENS
+from pipeline.core.synthetic import PRESETS
+
 PROG = "python -m jobs.sizing"
-DEFAULT_SIZES = (902_087, 2_000_000)
-LARGEST = 9_020_870
+DEFAULT_SIZES = (PRESETS["seed902k"], 2_000_000)
+LARGEST = 10 * PRESETS["seed902k"]
 GIB = 2**30
 
 
@@ -74,7 +77,7 @@ def render(rows: list[dict]) -> str:
 
     lines = [
         ("samples / tokens", lambda r: f"{r['samples']:,} / {r['tokens'] / 1e9:.2f}B"),
-        ("chapters (2**28 tokens each)", lambda r: str(r["chapters"])),
+        (f"chapters ({DEFAULT_CHAPTER_TOKENS:,} tokens each)", lambda r: str(r["chapters"])),
         ("length index build", lambda r: f(r["index_build_s"], " s")),
         ("edges + epoch plan", lambda r: f(r["edges_s"] + r["plan_s"], " s", digits=2)),
         ("first chapter from parquet, filling the row cache", lambda r: f(r["row_cache_fill_s"], " s")),

@@ -15,7 +15,7 @@ import argparse
 import json
 
 from pipeline.core.config import ConfigError
-from pipeline.data.tokenize import TokenizeError, tokenize_dataset
+from pipeline.data.tokenize import MARKER, TokenizeError, tokenize_dataset
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> dict:
     if summary["empty"] or summary["undecodable"]:
         print(
             f"tokenize: skipped {summary['empty']} empty and {summary['undecodable']} undecodable "
-            f"documents, e.g. {summary['problems'][:3]} (counts complete; the first ones are listed in {a.out}/_bucketray_tokenize.json)"
+            f"documents, e.g. {summary['problems'][:3]} (counts complete; the first ones are listed in {a.out}/{MARKER})"
         )
     return summary
 

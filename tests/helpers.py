@@ -1,15 +1,17 @@
 """What many tests share: one tiny, valid run config (every test that needs "some small run"
-starts here) and free local ports for servers a test starts."""
+starts here), free local ports for servers a test starts, and a GET's HTTP status."""
 
 from __future__ import annotations
 
 import socket
+import urllib.error
+import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
 
 from pipeline.core.config import RunConfig, validate
 
-__all__ = ["TINY_LLAMA", "free_ports", "tiny_raw", "tiny_config", "write_held_out"]
+__all__ = ["TINY_LLAMA", "free_ports", "http_status", "tiny_raw", "tiny_config", "write_held_out"]
 
 # A two-layer Llama small enough for unit tests (grouped-query heads: 4 query, 2 key/value).
 TINY_LLAMA = {
@@ -32,6 +34,20 @@ def free_ports(n: int) -> list[int]:
         for s in socks:
             s.bind(("127.0.0.1", 0))
         return [s.getsockname()[1] for s in socks]
+
+
+def http_status(url: str, token: str | None) -> int:
+    """HTTP status of a GET (with `token` as a bearer token), 0 while nothing listens yet."""
+    req = urllib.request.Request(url)
+    if token is not None:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return 0
 
 
 def tiny_raw(tmp_path: Path | str | None = None, **sections: dict) -> dict:

@@ -22,9 +22,9 @@ per row group alike, for 2, 4, 8 and 16 chapters, so bytes read per epoch are C 
 (C = 1, 2, 4, 8, 16 chapters: 1x, 2x, 4x, 8x, 16x; 4.25 GB of int32 ids and sample ids per
 pass). Even 64-row row groups still read 15.7x at 16 chapters, so the layout cannot buy this
 back (only a plan that shuffles within row-group windows could, and that changes the plan); the
-default is the largest chapter that keeps the object store comfortable:
-DEFAULT_CHAPTER_TOKENS = 2**28 tokens (1 GiB of int32 ids): the 902K preset is 4 chapters, read
-in the background of training, and about two are held at once (object-store peaks against the
+default `delivery.chapter_tokens` is the largest chapter that keeps the object store
+comfortable: 2**28 tokens (1 GiB of int32 ids): the 902K preset is 4 chapters, read in the
+background of training, and about two are held at once (object-store peaks against the
 whole epoch's: `python -m jobs.bench_data --num-samples 902087 --shards 32 --chapter-tokens
 268435456,0`, and BENCHMARKS.md, section 4). Corpora below 2**28 tokens are one chapter
 (unchanged behaviour, no extra reads).
@@ -42,7 +42,6 @@ import numpy as np
 from pipeline.core.plan import EpochPlan
 
 __all__ = [
-    "DEFAULT_CHAPTER_TOKENS",
     "Chapter",
     "step_tokens",
     "chapter_bounds",
@@ -55,8 +54,6 @@ __all__ = [
     "chapter_read_bytes",
 ]
 
-# 2**28 int32 tokens = 1 GiB per chapter; chosen from the read measurement in the docstring.
-DEFAULT_CHAPTER_TOKENS = 2**28
 # Balanced cuts tried (chapter counts above the lower bound) before the greedy fallback.
 _BALANCE_TRIES = 16
 

@@ -18,6 +18,8 @@ from pydantic import (
 )
 
 from pipeline.core import overrides as _overrides
+from pipeline.core.configerrors import format_validation_error
+from pipeline.core.deliveryconfig import DeliveryConfig, moved_keys_refusal
 from pipeline.core.evalconfig import EvalConfig
 from pipeline.core.sections import (
     PATH,
@@ -41,6 +43,7 @@ from pipeline.core.yamlfile import load_yaml_file
 
 __all__ = [
     "ConfigError",
+    "DeliveryConfig",
     "EvalConfig",
     "RunConfig",
     "DataConfig",
@@ -68,11 +71,7 @@ TEAM_EDGES = [0, 770, 1216, 1728, 2432, 3296, 8192]
 class PlanConfig(_Section):
     policy: Literal["bucketed", "sorted", "sorted_ascending", "random", "megabatch"] = Field(
         "bucketed",
-        description="bucketed: the epoch-seeded bucketed shuffle. Baselines (one bucket up to the "
-        "top edge): sorted = fixed length-sorted batches in a new order each epoch; "
-        "sorted_ascending = the same batches shortest first every epoch (a length curriculum); "
-        "random = a full shuffle; megabatch = Hugging Face group_by_length. "
-        "docs/architecture.md, 'Batching policies'.",
+        description="`bucketed`: the epoch-seeded bucketed shuffle; or a baseline: sorted, sorted_ascending, random, megabatch.",
     )
     seed: NonNegativeInt = Field(
         0, description="Run seed; epoch orders come from (seed, epoch, bucket)."
@@ -86,35 +85,28 @@ class PlanConfig(_Section):
     )
     on_world_size_change: Literal["keep_order", "refuse"] = Field(
         "keep_order",
-        description="Resuming with another number of workers: keep the same global batches "
-        "(contract 8) or refuse with an error.",
+        description="Resumed on another number of workers: keep the same global batches (contract 8), or refuse.",
     )
 
 
 class ModelConfig(_Section):
     name: str = Field(
         "tiny_decoder",
-        description="A registry entry (pipeline.learn.model.MODELS), `hf_causal_lm` (a Hugging "
-        "Face causal LM from model.hf_config) or `package.module:factory` (your own; see "
-        "pipeline/learn/factory.py for the forward signature).",
+        description="A registry entry, `hf_causal_lm`, or your own `package.module:factory`.",
     )
     hf_config: str | dict[str, Any] | None = Field(
         None,
         json_schema_extra=PATH,
-        description="For hf_causal_lm: a local config.json (or its directory) or an inline dict "
-        "with model_type; vocab_size defaults to model.vocab_size. Never downloaded.",
+        description="For hf_causal_lm: a local config.json (or its directory) or an inline dict; never downloaded.",
     )
     hf_pretrained: str | None = Field(
         None,
         json_schema_extra=PATH,
-        description="For hf_causal_lm: a directory written by `save_pretrained` (config.json and "
-        "*.safetensors), local or s3://...; the model starts from its weights instead of a random "
-        "init (model.hf_config is then not used). Only safetensors are loaded, never pickles.",
+        description="For hf_causal_lm: a save_pretrained directory (safetensors only), local or s3://, to start from.",
     )
     hf_trust_remote_code: bool = Field(
         False,
-        description="For hf_pretrained: allow the directory's own Python code (auto_map) to run. "
-        "Off: only model classes shipped with transformers are built.",
+        description="For hf_pretrained: let the directory's own Python code (auto_map) run.",
     )
     options: dict[str, Any] = Field(
         default_factory=dict,
@@ -194,26 +186,21 @@ class TrainConfig(_Section):
     seed: NonNegativeInt = Field(0, description="Model init / dropout seed.")
     max_nonfinite_steps: NonNegativeInt = Field(
         0,
-        description="Optimizer steps in a row with a NaN/inf loss or gradient norm that are skipped "
-        "(no update) before the run stops with NonFiniteLossError; 0: stop at the first.",
+        description="Optimizer steps in a row with a NaN/inf loss or grad norm skipped before stopping.",
     )
     find_unused_parameters: bool = Field(
         False,
-        description="DDP's find_unused_parameters: true for a model with parameters that get no "
-        "gradient in some steps (extra traversal each step); false is faster, and a model that "
-        "needs true stops at its second step with an error naming this field.",
+        description="DDP's find_unused_parameters, for a model whose parameters sometimes get no gradient (slower).",
     )
     metrics_file: str | None = Field(
         None,
         json_schema_extra=PATH,
-        description="Rank 0 also appends every logged metric as one JSON line to this file, on its "
-        "node's local disk (null: W&B only).",
+        description="Rank 0 also appends every logged metric as a JSON line here (local disk); null: off.",
     )
     record_sample_ids: str | None = Field(
         None,
         json_schema_extra=PATH,
-        description="Directory where every rank appends the sample ids of each micro-batch it trains "
-        "(rank<r>.jsonl, on its node's local disk), to check determinism and exact resume; null: off.",
+        description="Directory where each rank records the sample ids it trains (rank<r>.jsonl); null: off.",
     )
 
     @model_validator(mode="after")
@@ -236,8 +223,7 @@ class TrainConfig(_Section):
 class WandbConfig(_Section):
     mode: Literal["offline", "online", "disabled"] = Field(
         "offline",
-        description="offline: local run folder (`wandb sync` later); online needs WANDB_API_KEY in the "
-        "environment; disabled: no W&B at all. Keys never belong in this file.",
+        description="offline (sync later), online (WANDB_API_KEY in the environment) or disabled.",
     )
     project: str = Field("bucketray", description="W&B project.")
     entity: str | None = Field(None, description="W&B entity (team); null: the key's default.")
@@ -249,8 +235,7 @@ class WandbConfig(_Section):
     tags: list[str] = Field(default_factory=list, description="W&B tags.")
     init_timeout_s: PositiveFloat = Field(
         30.0,
-        description="Seconds wandb.init may take (online: reaching the server); past it the run "
-        "logs offline with a warning instead.",
+        description="Seconds wandb.init may take before the run logs offline instead, with a warning.",
     )
 
 
@@ -264,26 +249,19 @@ class ScalingConfig(_Section):
     )
     min_workers: PositiveInt | None = Field(
         None,
-        description="Elastic training: Ray Train may (re)start the run with between min_workers "
-        "and num_workers workers, e.g. after losing a node; the global batches stay the same "
-        "(contract 8). Null: exactly num_workers, and a lost node makes the run wait for capacity.",
+        description="Elastic: Ray Train may run min_workers to num_workers workers; null: exactly num_workers.",
     )
     resources_per_worker: dict[str, float] = Field(
         default_factory=dict,
-        description="Extra Ray resources each worker reserves besides CPU/GPU, e.g. a custom "
-        "resource that only certain nodes have.",
+        description="Extra Ray resources each worker reserves, e.g. one only some nodes have.",
     )
     autoscaling: bool = Field(
         False,
-        description="The cluster adds nodes on demand but does not publish its maximum size: "
-        "skip the driver's check that the workers plus one CPU for Ray Data fit in the cluster "
-        "(a cluster whose autoscaler publishes its maximum is checked against that maximum).",
+        description="The cluster grows on demand without publishing its size: skip the driver's fit check.",
     )
     start_retries: Annotated[int, Field(ge=-1)] = Field(
         3,
-        description="Times Ray Train may retry starting the worker group when the workers do "
-        "not fit (each try waits RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S, 60 s by default); "
-        "-1: retry forever, e.g. while an autoscaler adds nodes.",
+        description="Times Ray Train retries starting workers that do not fit; -1: forever.",
     )
 
     @model_validator(mode="after")
@@ -310,9 +288,7 @@ class CheckpointConfig(_Section):
     )
     run_name: str = Field(
         "bucketray-local",
-        description="Run name, one directory under storage_path (letters, digits, '.', '_', '-'; "
-        "starting with a letter or digit); resubmitting with the same name resumes from its "
-        "latest checkpoint.",
+        description="One directory under storage_path; the same name resumes from its latest checkpoint.",
     )
     every_steps: PositiveInt | None = Field(
         200, description="Checkpoint every N GLOBAL steps (null: only at epoch end)."
@@ -338,6 +314,9 @@ class RunConfig(_Section):
     """The whole run. Validated once on the driver, re-validated in each worker."""
 
     data: DataConfig = Field(description="Input data (data.path or data.synthetic).")
+    delivery: DeliveryConfig = Field(
+        default_factory=DeliveryConfig, description="How rows reach the ranks."
+    )
     buckets: Buckets = Field(
         default_factory=OptimisedBuckets, description="Length buckets: edges, or optimised."
     )
@@ -352,9 +331,7 @@ class RunConfig(_Section):
     checkpoint: CheckpointConfig = Field(
         default_factory=CheckpointConfig, description="Checkpoints."
     )
-    eval: EvalConfig | None = Field(
-        None, description="Held-out evaluation (null: none); docs/evaluation.md."
-    )
+    eval: EvalConfig | None = Field(None, description="Held-out evaluation (null: none).")
 
     def top_edge_bound(self) -> tuple[int, str]:
         """The largest the top bucket edge can be, and the setting that says so."""
@@ -363,6 +340,14 @@ class RunConfig(_Section):
             return top, f"the top edge of buckets.edges ({top})"
         top = int(self.data.max_length)
         return top, f"data.max_length={top} (the top edge of optimised buckets)"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_moved_keys(cls, data: Any) -> Any:
+        refusal = moved_keys_refusal(data)
+        if refusal:
+            raise ValueError(refusal)
+        return data
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:
@@ -453,59 +438,12 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
         raise ConfigError(str(e)) from None
 
 
-# Tags of the discriminated sections' variants: pydantic puts them in error locations.
-_VARIANT_TAGS = {
-    "buckets": {"explicit", "optimised"},
-    "batching": {"token_budget", "fixed", "packed"},
-}
-
-
-_RANGE_ERRORS = {
-    "finite_number",
-    "greater_than",
-    "greater_than_equal",
-    "less_than",
-    "less_than_equal",
-    "int_parsing",
-    "int_from_float",
-    "float_parsing",
-    "literal_error",
-    "bool_parsing",
-}
-
-
-def _error_line(e: dict) -> str:
-    parts = [str(p) for p in e["loc"]]
-    if len(parts) > 1 and parts[1] in _VARIANT_TAGS.get(parts[0], ()):
-        parts.pop(1)
-    loc = ".".join(parts)
-    msg = e["msg"].removeprefix("Value error, ")
-    if e["type"] == "extra_forbidden":
-        msg = "unknown field; check the spelling (see configs/local.yaml for every field)"
-    elif e["type"] == "missing" and loc == "data":
-        msg = "required section is missing: give data.path or a data.synthetic section"
-    elif e["type"] == "missing":
-        msg = "required field is missing"
-    elif e["type"] == "union_tag_invalid":
-        tags = e["ctx"]["expected_tags"]
-        return f"{loc}.mode={e['ctx']['tag']!r} is not a mode: choose one of {tags}"
-    if parts and msg.startswith(tuple(f"{parts[0]}{c}" for c in ".: ")):
-        return msg  # the message already names its field
-    if e["type"] in _RANGE_ERRORS:
-        msg = f"{msg}, got {e['input']!r}"
-    return f"{loc}: {msg}" if loc else msg
-
-
-def _format_validation_error(err: ValidationError) -> str:
-    return "invalid config: " + "; ".join(_error_line(e) for e in err.errors())
-
-
 def validate(raw: dict) -> RunConfig:
     """Validate a plain dict into a RunConfig, raising ConfigError with one readable line."""
     try:
         return RunConfig.model_validate(raw)
     except ValidationError as e:
-        raise ConfigError(_format_validation_error(e)) from None
+        raise ConfigError(format_validation_error(e)) from None
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:

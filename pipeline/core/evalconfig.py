@@ -21,13 +21,11 @@ class EvalConfig(_Section):
     path: str | None = Field(
         None,
         json_schema_extra=PATH,
-        description="Held-out parquet shards (a directory or URI, checked like data.path). "
-        "Give this or eval.split.",
+        description="Held-out parquet shards, a directory or URI; or eval.split.",
     )
     split: str | None = Field(
         None,
-        description="Held-out files beside the training data: this split's files (e.g. "
-        "`validation`) under data.path, or the synthetic corpus's held-out split.",
+        description="Held-out split beside the training data (e.g. `validation`); or eval.path.",
     )
     every_steps: PositiveInt | None = Field(
         None, description="Evaluate every N GLOBAL steps (null: only at the points below)."
@@ -40,19 +38,15 @@ class EvalConfig(_Section):
     )
     token_budget: PositiveInt | None = Field(
         None,
-        description="Padded tokens per evaluation batch, all ranks together (null: the "
-        "training step's: batching.token_budget, batch_size x top edge, or a packed step's rows).",
+        description="Padded tokens per evaluation batch, all ranks together; null: the training step's.",
     )
     on_overlap: Literal["error", "drop"] = Field(
         "error",
-        description="Held-out samples also in the training data (same sample id, or the same "
-        "tokens): stop naming the count, or drop them from the held-out set with a warning.",
+        description="Held-out samples also in training (same id or tokens): stop, or drop them with a warning.",
     )
     mode: Literal["inline", "async"] = Field(
         "inline",
-        description="inline: every rank evaluates its share between two steps; async: a checkpoint "
-        "at each evaluation, evaluated by a Ray task of its own while training goes on "
-        "(docs/evaluation.md: what each costs).",
+        description="inline: between training steps; async: a Ray task evaluates each evaluation's checkpoint.",
     )
 
     # The held-out source: one or the other (`--set eval.path=DIR` replaces a config's split).

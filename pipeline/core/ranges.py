@@ -4,12 +4,12 @@ The feeder serves an epoch as consecutive ranges of global steps. This module de
 purely (no I/O, no Ray), so the feeder and the benchmarks that predict what it reads make the
 same decisions:
 
-- chapter bounds from the config (`chapter_bounds_for`: data.chapter_tokens, data.chapter_steps,
+- chapter bounds from the config (`chapter_bounds_for`: delivery.chapter_tokens and chapter_steps,
   cut on the full epoch's plan so a resume keeps them; the cutting itself is
   `pipeline.core.chapters`);
-- a lead-in (`lead_in_bounds`, data.lead_tokens): a chapter is too long to wait for at a start
+- a lead-in (`lead_in_bounds`, delivery.lead_tokens): a chapter is too long to wait for at a start
   (its sort takes tens of seconds), so where a request does not continue a decided range (a cold
-  start, a resume) the first range served holds at most data.lead_tokens real tokens, then ranges
+  start, a resume) the first range served holds at most delivery.lead_tokens real tokens, then ranges
   `LEAD_GROWTH` times larger each, up to the end of the chapter holding the start step; the
   regular chapters follow. A lead-in is a few more cuts of the same plan, so the order and the
   hash are the epoch's; each of its ranges reads nearly every row group, which is the price of
@@ -32,7 +32,7 @@ from pipeline.core.chapters import chapter_end, chapter_of, plan_chapter_bounds,
 from pipeline.core.plan import EpochPlan
 
 if TYPE_CHECKING:
-    from pipeline.core.sections import DataConfig
+    from pipeline.core.deliveryconfig import DeliveryConfig
 
 __all__ = [
     "LEAD_GROWTH",
@@ -51,10 +51,12 @@ LEAD_GROWTH = 4
 KEEP_EPOCHS = 2
 
 
-def chapter_bounds_for(plan: EpochPlan, data: DataConfig) -> np.ndarray:
-    """The chapter boundaries the config asks for (data.chapter_steps, data.chapter_tokens);
+def chapter_bounds_for(plan: EpochPlan, delivery: DeliveryConfig) -> np.ndarray:
+    """The chapter boundaries the config asks for (delivery.chapter_steps, chapter_tokens);
     pass the full epoch's plan so a resume keeps them."""
-    return plan_chapter_bounds(plan, max_steps=data.chapter_steps, max_tokens=data.chapter_tokens)
+    return plan_chapter_bounds(
+        plan, max_steps=delivery.chapter_steps, max_tokens=delivery.chapter_tokens
+    )
 
 
 def lead_in_bounds(
@@ -100,8 +102,8 @@ class EpochRanges:
     bounds: np.ndarray
 
     @classmethod
-    def of(cls, plan: EpochPlan, data: DataConfig) -> EpochRanges:
-        return cls(plan, chapter_bounds_for(plan, data))
+    def of(cls, plan: EpochPlan, delivery: DeliveryConfig) -> EpochRanges:
+        return cls(plan, chapter_bounds_for(plan, delivery))
 
     @property
     def num_steps(self) -> int:
@@ -191,12 +193,12 @@ class RangeDecisions:
     feeder's requests arrive on many threads; one thread plans an epoch while the others wait.
 
     `plan_for(epoch, world_size)` plans an epoch (`pipeline.core.epochs.epoch_plan_for` over the
-    run's config, index and edges); `data` is the run's data section.
+    run's config, index and edges); `delivery` is the run's delivery section.
     """
 
-    def __init__(self, plan_for: Callable[[int, int], EpochPlan], data: DataConfig):
+    def __init__(self, plan_for: Callable[[int, int], EpochPlan], delivery: DeliveryConfig):
         self._plan_for = plan_for
-        self._data = data
+        self._delivery = delivery
         self._epochs: dict[tuple[int, int], EpochRanges] = {}
         self._epoch_lock = threading.Lock()  # planning an epoch takes a while: not under _lock
         self._lock = threading.Lock()
@@ -207,7 +209,9 @@ class RangeDecisions:
         key = (epoch, world_size)
         with self._epoch_lock:
             if key not in self._epochs:
-                self._epochs[key] = EpochRanges.of(self._plan_for(epoch, world_size), self._data)
+                self._epochs[key] = EpochRanges.of(
+                    self._plan_for(epoch, world_size), self._delivery
+                )
                 # the oldest others go, never the one asked for (an earlier epoch asked again)
                 others = sorted(k for k in self._epochs if k != key)
                 for k in others[: max(0, len(others) + 1 - KEEP_EPOCHS)]:
@@ -229,7 +233,7 @@ class RangeDecisions:
         `end`, when given (a worker asking again for the range it had), is kept. Otherwise the
         range decided earlier for `start`; else, for a worker's request (`may_lead`) that does
         not continue a decided range (a cold start, a resume), the first range of a lead-in
-        (`lead_in_bounds`, data.lead_tokens), whose later cuts are decided with it; else the
+        (`lead_in_bounds`, delivery.lead_tokens), whose later cuts are decided with it; else the
         end of the chapter holding `start`.
         """
         er = self.epoch(epoch, world_size)
@@ -242,7 +246,7 @@ class RangeDecisions:
                 self._book.record(epoch, world_size, [start, end or decided], steps)
                 return end or decided
             follows = self._book.continues(epoch, world_size, start)
-        lead = self._data.lead_tokens if may_lead and not follows else None
+        lead = self._delivery.lead_tokens if may_lead and not follows else None
         cuts = er.lead_in(start, lead) if lead else [start, er.chapter_end(start)]
         with self._lock:
             return self._book.record(epoch, world_size, cuts, steps)

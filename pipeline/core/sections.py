@@ -63,29 +63,24 @@ class OnBadRows(StrEnum):
 class SyntheticConfig(_Section):
     preset: Literal["seed902k", "pystdlib"] = Field(
         "seed902k",
-        description="seed902k: the seed-calibrated synthetic lengths (pipeline.core.synthetic); "
-        "pystdlib: real text, this Python's standard library split into functions, byte tokens "
-        "(vocab 259), see pipeline/data/textcorpus.py.",
+        description="seed902k: the seed-calibrated synthetic lengths; pystdlib: this Python's standard library as byte-token text.",
     )
     num_samples: PositiveInt = Field(
         20_000,
-        description="seed902k: number of samples to generate. pystdlib: at most this many "
-        "definitions, a subset drawn with `seed` when the library has more.",
+        description="Samples to generate (pystdlib: at most this many definitions, drawn with seed).",
     )
-    shards: PositiveInt = Field(4, description="Number of parquet shards to write.")
+    shards: PositiveInt = Field(4, description="Parquet shards to write.")
     seed: NonNegativeInt = Field(
-        0, description="Generator seed (pystdlib: which subset): same seed, same corpus."
+        0, description="Generator seed (pystdlib: which subset); same seed, same corpus."
     )
     out_dir: str = Field(
         "data/synthetic",
         json_schema_extra=PATH,
-        description="Where the corpus is written on first use (relative paths: from the working dir).",
+        description="Where the corpus is written on first use.",
     )
     heldout: Annotated[float, Field(ge=0, lt=1)] = Field(
         0.0,
-        description="A held-out split `validation` for evaluation (training reads split `train`): "
-        "pystdlib holds out this fraction of its source files; seed902k adds this fraction of "
-        "samples drawn the same way. 0: none.",
+        description="Fraction held out as split `validation` (training reads `train`); 0: none.",
     )
 
 
@@ -99,42 +94,35 @@ class DataConfig(_Section):
     path: str | None = Field(
         None,
         json_schema_extra=PATH,
-        description=f"Source 1: {_PATH_HINT}. Give this or data.synthetic, never both.",
+        description="Source 1: a directory or URI (s3://, gs://, ...) of parquet shards; or data.synthetic.",
     )
     synthetic: SyntheticConfig | None = Field(
         None,
-        description="Source 2: generate the seed-calibrated synthetic corpus (written on first "
-        "use). Give this or data.path, never both.",
+        description="Source 2: a corpus generated on first use; or data.path.",
     )
     glob: str | None = Field(
         None,
-        description="With data.path: which files under it are shards, a pattern relative to it "
-        "(`*` within a folder, `**` across folders, e.g. `data/train-*.parquet`). Null: the files "
-        "directly in data.path (subfolders are not read).",
+        description="With data.path: shard files, a pattern relative to it (`**` across folders); null: the files directly in it.",
     )
     split: str | None = Field(
         None,
-        description="With data.path: keep only this split's files (`train` keeps "
-        "train-00000.parquet, train.parquet, ...). Null: any file; files of several splits side "
-        "by side are refused.",
+        description="With data.path: keep only this split's files (e.g. `train`); null: any file.",
     )
     cache_dir: str | None = Field(
         None,
         json_schema_extra=PATH,
-        description="Where the length index is cached; null: beside the data (<path>/_bucketray_index).",
+        description="Where the length index is cached; null: <path>/_bucketray_index.",
     )
     max_length: PositiveInt = Field(
         8192, description="Longest sample the model accepts, in tokens."
     )
     over_length: Literal["error", "truncate"] = Field(
         "error",
-        description="Samples longer than the top bucket edge: stop with their ids, or truncate them "
-        "(counted: samples and tokens cut are reported).",
+        description="Samples over the top bucket edge: stop naming them, or truncate them (counted).",
     )
     on_bad_rows: OnBadRows = Field(
         OnBadRows.error,
-        description="Bad rows: `error` stops before training naming file, sample id and reason; "
-        "`quarantine` writes them to a quarantine parquet and counts them.",
+        description="Bad rows: `error` stops naming file, sample id and reason; `quarantine` sets them aside, counted.",
     )
     quarantine_path: str | None = Field(
         None,
@@ -142,37 +130,6 @@ class DataConfig(_Section):
         description="Quarantine parquet path; null: <cache dir>/quarantine.parquet.",
     )
     pad_id: NonNegativeInt = Field(0, description="Token id written into padding slots.")
-    # Chapters (pipeline/core/chapters.py): 2**28 = chapters.DEFAULT_CHAPTER_TOKENS, chosen there.
-    chapter_tokens: PositiveInt | None = Field(
-        2**28,
-        description="Most real tokens one chapter (a run of consecutive global steps read, sorted "
-        "and held in the object store together) may hold; 2**28 int32 ids = 1 GiB. Null: no limit.",
-    )
-    chapter_steps: PositiveInt | None = Field(
-        None, description="Most global steps one chapter may hold. Null: no limit."
-    )
-    lead_tokens: PositiveInt | None = Field(
-        2**22,
-        description="Lead-in: where nothing is prepared yet (a cold start, a resume), the first "
-        "range served holds at most this many real tokens and each next one 4 times more, up to "
-        "the chapter's end, so the first step waits for a small read. Null: the first step "
-        "waits for its whole chapter.",
-    )
-    row_cache: bool = Field(
-        True,
-        description="Keep each row group's checked rows, decoded once, in an uncompressed file on "
-        "the feeder's node, and prepare every range there from those files: a chapter then costs "
-        "its own bytes instead of a decode of the whole corpus, and its blocks live on the "
-        "feeder's node. Costs disk equal to the decoded corpus (4 bytes per token). False: each "
-        "chapter reads parquet and is sorted by Ray Data across the cluster.",
-    )
-    row_cache_dir: str | None = Field(
-        None,
-        json_schema_extra=PATH,
-        description="Where the row cache is kept, a directory on the driver's node, refused at "
-        "start when it cannot be created or written; null: `rows` in the index cache when that "
-        "is local and writable (else ~/.cache/bucketray/rows, with a warning).",
-    )
 
     # The data source: one group or the other (an override of one drops the other's fields).
     exclusive_groups: ClassVar[tuple[frozenset[str], ...]] = (
@@ -202,7 +159,7 @@ class DataConfig(_Section):
                 "data.glob and data.split select files under data.path and have no effect on the "
                 "synthetic corpus: remove them, or set data.path"
             )
-        for name in ("cache_dir", "quarantine_path", "row_cache_dir"):
+        for name in ("cache_dir", "quarantine_path"):
             v = getattr(self, name)
             if v is not None and not v.strip():
                 raise ValueError(f"data.{name} is empty: set a path, or null for the default")
@@ -215,11 +172,6 @@ class DataConfig(_Section):
             raise ValueError(
                 "data.quarantine_path has no effect with data.on_bad_rows=error (bad rows stop "
                 "the run, nothing is quarantined): remove it, or set data.on_bad_rows=quarantine"
-            )
-        if self.row_cache_dir is not None and not self.row_cache:
-            raise ValueError(
-                "data.row_cache_dir has no effect with data.row_cache=false: remove it, or set "
-                "data.row_cache=true"
             )
         return self
 
@@ -237,8 +189,7 @@ class ExplicitBuckets(_Section):
     """Bucket edges given in the config."""
 
     edges: list[int] = Field(
-        description="Explicit bucket edges [0, e1, ..., top]; bucket k holds lengths in "
-        "(e_k, e_{k+1}]. Leave out to optimise the edges from the data instead."
+        description="Explicit edges [0, e1, ..., top]; bucket k holds lengths in (e_k, e_{k+1}]. Leave out to optimise."
     )
 
     @model_validator(mode="before")
@@ -266,8 +217,7 @@ class OptimisedBuckets(_Section):
 
     num_buckets: PositiveInt | Literal["auto"] = Field(
         "auto",
-        description="Number of optimal buckets, or `auto`: the smallest K whose simulated padding "
-        "efficiency reaches buckets.target_efficiency.",
+        description="Number of optimal buckets, or `auto`: the smallest K reaching target_efficiency.",
     )
     target_efficiency: Annotated[float, Field(gt=0, le=1)] = Field(
         0.97, description="Padding efficiency (real / padded tokens) that `auto` aims for."
@@ -277,9 +227,7 @@ class OptimisedBuckets(_Section):
     )
     max_recomposition_floor: Annotated[float, Field(ge=0, le=1)] | None = Field(
         None,
-        description="`auto` only: the largest K whose batch-recomposition chance floor (share of "
-        "micro-batches expected to re-pair two samples of the last epoch; narrow buckets raise it) "
-        "stays at or below this bounds the search; null: no ceiling.",
+        description="`auto` only: ceiling on the chance of re-pairing the last epoch's samples; null: none.",
     )
 
     @property
@@ -317,11 +265,11 @@ def BucketsConfig(**fields: Any) -> ExplicitBuckets | OptimisedBuckets:  # noqa:
 class _Batching(_Section):
     pad_to_multiple_of: PositiveInt = Field(
         8,
-        description="Padded length is the batch max rounded up to this, never beyond the bucket's upper edge.",
+        description="Round the padded length up to this, never beyond the bucket's upper edge.",
     )
     drop_remainder: bool = Field(
         False,
-        description="Drop each bucket's last partial global batch (lossy; off by default, contract 4).",
+        description="Drop each bucket's last partial global batch (lossy; contract 4).",
     )
 
 
@@ -330,28 +278,19 @@ class TokenBudgetBatching(_Batching):
 
     mode: Literal["token_budget"] = Field(
         "token_budget",
-        description="`token_budget`: global batches hold at most token_budget padded tokens "
-        "(batching.fill says how they are cut); `fixed`: every global batch has batch_size samples "
-        "(batch_size instead of this section's fields).",
+        description="`token_budget`, `fixed` (batch_size) or `packed` (rows of whole samples).",
     )
     token_budget: PositiveInt = Field(
         65_536,
-        description="Padded tokens per GLOBAL step (all ranks together), so the global batch does not "
-        "depend on the world size (contract 8); per-rank memory ~ token_budget / world_size. "
-        "At least the top bucket edge.",
+        description="Padded tokens per GLOBAL step, all ranks together (contract 8); at least the top bucket edge.",
     )
     fill: Literal["greedy", "fixed_per_bucket"] = Field(
         "greedy",
-        description="`greedy` cuts each bucket's shuffled samples into global batches filled up to "
-        "the budget (batch size x padded max length <= token_budget); `fixed_per_bucket`: every "
-        "batch of a bucket has token_budget // upper_edge samples (the older rule, ~88% of the "
-        "budget; reproduces its plans).",
+        description="`greedy`: fill each global batch up to the budget; `fixed_per_bucket`: budget // upper edge samples.",
     )
     round_to: NonNegativeInt | None = Field(
         None,
-        description="Round a token-budget batch size down to a multiple of this (0 or 1: no rounding; "
-        "null: 8 for fill=fixed_per_bucket, none for fill=greedy). With greedy fill, a multiple of "
-        "the world size makes every rank's micro-batch <= token_budget / world_size exactly.",
+        description="Round batch sizes down to a multiple of this (0 or 1: no; null: 8 for fixed_per_bucket).",
     )
 
     @model_validator(mode="before")
@@ -367,7 +306,7 @@ class FixedBatching(_Batching):
 
     mode: Literal["fixed"] = Field(
         "fixed",
-        description="`fixed` (batch_size) or `token_budget` (token_budget, fill, round_to).",
+        description="`fixed` (batch_size), `token_budget` or `packed`.",
     )
     batch_size: PositiveInt = Field(32, description="Samples per GLOBAL step (all ranks together).")
 
@@ -390,34 +329,27 @@ class PackedBatching(_Batching):
 
     mode: Literal["packed"] = Field(
         "packed",
-        description="`packed`: rows of whole samples (row_tokens, rows_per_step, open_rows, "
-        "balance_rows, attention_width); the model must attend within documents.",
+        description="`packed`: rows of whole samples, each attending only to itself; or `token_budget`, `fixed`.",
     )
     row_tokens: PositiveInt = Field(
         8192,
-        description="Tokens per row: a multiple of pad_to_multiple_of and at least the top bucket "
-        "edge (samples are never split). Per-rank memory ~ rows_per_step / world_size x row_tokens.",
+        description="Tokens per row: a multiple of pad_to_multiple_of, at least the top bucket edge.",
     )
     rows_per_step: PositiveInt = Field(
         8,
-        description="Rows per GLOBAL step (all ranks together), independent of the world size; "
-        "every world size the run may use must divide it.",
+        description="Rows per GLOBAL step, all ranks together; every world size the run may take divides it.",
     )
     open_rows: PositiveInt = Field(
         16,
-        description="Best-fit window: rows open at once while packing each bucket's shuffled "
-        "samples (more: fuller rows, packing less local).",
+        description="Rows open at once while packing a bucket (more: fuller rows, packing less local).",
     )
     balance_rows: PositiveInt = Field(
         512,
-        description="Rows sorted by cost together before being cut into steps, so a step's ranks "
-        "carry nearly the same cost; the steps are then shuffled by (seed, epoch).",
+        description="Rows sorted by cost together before being cut into rank-balanced steps.",
     )
     attention_width: PositiveInt | None = Field(
         None,
-        description="The cost model's attention width (a row costs row_tokens + sum(L^2) / "
-        "attention_width). Null: 6 x model.d_model; for a Hugging Face model set 6 x its "
-        "hidden_size.",
+        description="Cost model's attention width (a row costs row_tokens + sum(L^2) / width); null: 6 x d_model.",
     )
 
     @model_validator(mode="before")

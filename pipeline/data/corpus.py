@@ -32,8 +32,8 @@ MARKER = "_bucketray_synthetic.json"
 # (once in all with the row cache, which decodes each group once).
 ROW_GROUP_ROWS = 16_384
 READS_NOTE = (
-    "each chapter of an epoch (data.chapter_tokens) and each lead-in range after a start or "
-    "resume has rows in nearly every row group, whatever their size: with data.row_cache (the "
+    "each chapter of an epoch (delivery.chapter_tokens) and each lead-in range after a start or "
+    "resume has rows in nearly every row group, whatever their size: with delivery.row_cache (the "
     "default) the feeder decodes each row group once into its row cache and later chapters copy "
     "their rows from it; without it an epoch reads the corpus about once per chapter "
     "(docs/architecture.md, Chapters)"

@@ -21,6 +21,7 @@ from pipeline.core.config import PackedBatching, RunConfig
 from pipeline.core.epochs import packing_spec
 from pipeline.core.evaluation import eval_plan_for, eval_subset
 from pipeline.core.plan import EpochPlan, RankView
+from pipeline.data.cache import cache_dir_for
 from pipeline.data.errors import DataError
 from pipeline.data.fs import filesystem_for
 from pipeline.data.index import LengthIndex, build_length_index
@@ -82,10 +83,9 @@ def eval_data_config(cfg: RunConfig) -> tuple[RunConfig, str]:
     else:  # a split beside the training data (the synthetic corpus holds out `validation`)
         path = resolve_data_path(cfg)
         split, glob = e.split, (d.glob if d.synthetic is None else None)
-    cache = d.cache_dir if d.cache_dir is not None else None
     quarantine = None
     if d.on_bad_rows.value == "quarantine":
-        base = cache or f"{path.rstrip('/')}/_bucketray_index"
+        base = cache_dir_for(d.cache_dir, path, single_file=False)
         quarantine = f"{base}/quarantine-eval.parquet"
     data = d.model_copy(
         update={

@@ -1,7 +1,7 @@
 """The feeder actor: schedules each range's preparation, hands the ranks their parts, frees them.
 
-An epoch's global steps are served as consecutive ranges: chapters (at most data.chapter_tokens
-real tokens or data.chapter_steps steps each), and where a request does not continue a range
+An epoch's global steps are served as consecutive ranges: chapters (at most delivery.chapter_tokens
+real tokens or delivery.chapter_steps steps each), and where a request does not continue a range
 already decided (a cold start, a resume) a lead-in of small ranges first, so the first step
 waits for a few steps' rows, not a chapter. Which range a request is served is decided in
 `pipeline.core.ranges` (each range's end once per (epoch, world size, start step), the same for
@@ -90,7 +90,7 @@ class Feeder:
         use_jemalloc()  # before any read: see its docstring
         # Ray Data is imported and configured by the first chapter's sort (`sort_pass`), not
         # here: a cold start's lead-in is read in this process and should not wait for it.
-        self.ranges = RangeDecisions(self._plan_epoch, self.cfg.data)
+        self.ranges = RangeDecisions(self._plan_epoch, self.cfg.delivery)
         self._lock = threading.Lock()
         self._jobs: dict[tuple, Future] = {}
         self._retries: dict[tuple, int] = {}

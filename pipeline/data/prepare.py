@@ -5,7 +5,7 @@ A range [start_step, end_step) of an epoch is the epoch's plan restricted to tho
 the row groups holding them (`read.plan_read_units`). How they are read is decided here, per
 range and per row group:
 
-- with data.row_cache (default) every range is read in the feeder's process: each row group's
+- with delivery.row_cache (default) every range is read in the feeder's process: each row group's
   planned rows come from the row cache (`pipeline.data.rowcache`: the group's checked rows,
   memory-mapped) when it holds them; else from parquet with the same checks
   (`read.read_row_group`), either the whole group, written to the cache first (a chapter's

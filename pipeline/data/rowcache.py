@@ -26,7 +26,7 @@ warning naming it and filled again from parquet. Each process verifies a file on
 whenever its size, mtime or inode changes (a cached chapter then costs one hash of the file,
 not one per chapter).
 
-Where the cache goes: `data.row_cache_dir`, refused at start when it cannot be created; by
+Where the cache goes: `delivery.row_cache_dir`, refused at start when it cannot be created; by
 default `rows` beside the index cache, and when that directory cannot be written (a dataset on
 a read-only or shared volume) `~/.cache/bucketray/rows` instead, with one warning; when
 neither can be written, no cache (every range is read from parquet), with one warning. The cache costs disk space equal to the
@@ -65,7 +65,7 @@ MIN_FREE_BYTES = 2 * 1024**3
 
 
 def row_cache_dir_for(configured: str | None, index_cache_dir: str) -> str:
-    """data.row_cache_dir, else `rows` inside the index cache when that is a local directory,
+    """delivery.row_cache_dir, else `rows` inside the index cache when that is a local directory,
     else `~/.cache/bucketray/rows` (the index cache is in object storage: files to memory-map
     must be on this node)."""
     if configured:
@@ -87,7 +87,7 @@ def _writable(root: str) -> OSError | None:
 
 
 def check_row_cache_dir(configured: str | None) -> None:
-    """Refuse a `data.row_cache_dir` that cannot be created or written, naming the key."""
+    """Refuse a `delivery.row_cache_dir` that cannot be created or written, naming the key."""
     from pipeline.core.config import ConfigError
 
     if not configured:
@@ -95,9 +95,9 @@ def check_row_cache_dir(configured: str | None) -> None:
     err = _writable(os.path.expanduser(configured))
     if err is not None:
         raise ConfigError(
-            f"data.row_cache_dir={configured}: cannot create or write it ({err.strerror or err}); "
+            f"delivery.row_cache_dir={configured}: cannot create or write it ({err.strerror or err}); "
             "choose a writable local directory, leave it unset for the default, or set "
-            "data.row_cache=false"
+            "delivery.row_cache=false"
         )
 
 
@@ -114,14 +114,14 @@ def usable_row_cache_dir(configured: str | None, index_cache_dir: str, *, warn: 
     if root != user and _writable(user) is None:
         if warn:
             log.warning(
-                "data: row cache: cannot write %s (%s); using %s (set data.row_cache_dir to "
+                "data: row cache: cannot write %s (%s); using %s (set delivery.row_cache_dir to "
                 "choose)", root, err.strerror or err, user,
             )  # fmt: skip
         return user
     if warn:
         log.warning(
             "data: row cache off: cannot write %s (%s) nor %s; every range is read from parquet "
-            "(set data.row_cache_dir to a writable local directory)",
+            "(set delivery.row_cache_dir to a writable local directory)",
             root, err.strerror or err, user,
         )  # fmt: skip
     return None
@@ -163,12 +163,12 @@ class RowCache:
 
     @classmethod
     def for_run(cls, cfg, index, *, warn: bool = False) -> RowCache | None:
-        """The run's row cache (data.row_cache_dir, else beside the index, else in the user's
+        """The run's row cache (delivery.row_cache_dir, else beside the index, else in the user's
         cache), None when off or when no default directory can be written."""
-        if not cfg.data.row_cache:
+        if not cfg.delivery.row_cache:
             return None
         vocab = int(cfg.model.vocab_size)
-        root = usable_row_cache_dir(cfg.data.row_cache_dir, index.cache_dir, warn=warn)
+        root = usable_row_cache_dir(cfg.delivery.row_cache_dir, index.cache_dir, warn=warn)
         if root is None:
             return None
         return cls(root, index, vocab, id_type_for(vocab))
@@ -274,7 +274,7 @@ class RowCache:
             return True
         self._warn_once(
             "data: row cache %s stops filling: %.1f GB free, keeping %.1f GB free; rows "
-            "not cached are read from parquet for every chapter (set data.row_cache_dir "
+            "not cached are read from parquet for every chapter (set delivery.row_cache_dir "
             "to a larger disk)",
             self.root,
             du.free / 1e9,

@@ -365,21 +365,7 @@ def write_text_corpus(
         (values, offsets), vocab = byte_tokens(texts), BYTE_VOCAB
     n = len(snippets)
     lengths = np.diff(offsets)
-    split_info = {}
-    if heldout:
-        train, test, dropped = _split_heldout(snippets, values, offsets, heldout)
-        if not train.size or not test.size:
-            raise ValueError(
-                f"heldout={heldout} leaves {train.size} training and {test.size} held-out "
-                "samples: choose a fraction that leaves both non-empty"
-            )
-        _write_split(out, ids, values, offsets, train, min(shards, train.size), "train")
-        _write_split(out, ids, values, offsets, test, 1, "validation")
-        split_info = {"train_samples": int(train.size), "heldout_samples": int(test.size),
-                      "heldout_duplicates_dropped": dropped}  # fmt: skip
-    else:
-        _write_shards(out, ids, values, offsets, min(shards, n))
-    _write_manifest(out, snippets, ids, lengths)
+    split_info = _write_all(out, snippets, ids, values, offsets, shards=shards, heldout=heldout)
     summary = {
         **params,
         "samples": n,
@@ -394,17 +380,42 @@ def write_text_corpus(
     }
     marker.write_text(json.dumps(summary))
     if progress:
-        of = f" (a subset of {found:,})" if n < found else ""
-        if split_info:
-            of += (
-                f" ({split_info['train_samples']:,} train, {split_info['heldout_samples']:,} "
-                "held out by source file)"
-            )
-        print(
-            f"textcorpus: {n:,} samples{of}, {summary['tokens']:,} tokens from "
-            f"{summary['files_read']} files ({len(skipped)} skipped) in "
-            f"{time.perf_counter() - t0:.1f} s -> {out}",
-            file=sys.stderr,
-            flush=True,
-        )
+        print(_summary_line(summary, time.perf_counter() - t0, out), file=sys.stderr, flush=True)
     return {**summary, "skipped": False, "out_dir": str(out)}
+
+
+def _write_all(out: Path, snippets, ids, values, offsets, *, shards: int, heldout: float) -> dict:
+    """The shards (with `heldout` > 0: split `train` and split `validation`, held out by source
+    file) and the manifest; the split's counts for the summary ({} without a held-out split)."""
+    split_info = {}
+    if heldout:
+        train, test, dropped = _split_heldout(snippets, values, offsets, heldout)
+        if not train.size or not test.size:
+            raise ValueError(
+                f"heldout={heldout} leaves {train.size} training and {test.size} held-out "
+                "samples: choose a fraction that leaves both non-empty"
+            )
+        _write_split(out, ids, values, offsets, train, min(shards, train.size), "train")
+        _write_split(out, ids, values, offsets, test, 1, "validation")
+        split_info = {"train_samples": int(train.size), "heldout_samples": int(test.size),
+                      "heldout_duplicates_dropped": dropped}  # fmt: skip
+    else:
+        _write_shards(out, ids, values, offsets, min(shards, len(snippets)))
+    _write_manifest(out, snippets, ids, np.diff(offsets))
+    return split_info
+
+
+def _summary_line(summary: dict, seconds: float, out: Path) -> str:
+    """The one console line a build prints."""
+    n, found = summary["samples"], summary["definitions_found"]
+    of = f" (a subset of {found:,})" if n < found else ""
+    if "train_samples" in summary:
+        of += (
+            f" ({summary['train_samples']:,} train, {summary['heldout_samples']:,} "
+            "held out by source file)"
+        )
+    return (
+        f"textcorpus: {n:,} samples{of}, {summary['tokens']:,} tokens from "
+        f"{summary['files_read']} files ({len(summary['files_skipped'])} skipped) in "
+        f"{seconds:.1f} s -> {out}"
+    )

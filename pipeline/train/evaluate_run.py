@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.core.config import ConfigError, RunConfig, apply_overrides, validate
+from pipeline.core.deliveryconfig import upgrade_recorded
 from pipeline.data.fs import filesystem_for
 from pipeline.learn.checkpoint import RUN_CONFIG_FILE, STATE_FILE, CheckpointError, DataPosition
 
@@ -86,7 +87,8 @@ def target_config(target: EvalTarget, overrides: list[str]) -> RunConfig:
             f"{target.uri} has no {RUN_CONFIG_FILE}: it was written before runs recorded their "
             "config; evaluate a checkpoint of a newer run"
         ) from None
-    cfg = validate(apply_overrides(raw, overrides))
+    # A checkpoint written before the delivery section existed recorded its keys under data.
+    cfg = validate(apply_overrides(upgrade_recorded(raw), overrides))
     if cfg.eval is None:
         raise ConfigError(
             "no held-out set: the run had no eval section; name one with --set eval.path=DIR "

@@ -297,7 +297,8 @@ def _train(cfg: RunConfig, fs, rdir: str, t0: float, warnings_to: str | None) ->
     held_out = _held_out(cfg, data)
     rows = RowCache.for_run(cfg, index, warn=True)
     print(
-        f"[bucketray] {rows.describe() if rows else 'row cache off (data.row_cache)'}", flush=True
+        f"[bucketray] {rows.describe() if rows else 'row cache off (delivery.row_cache)'}",
+        flush=True,
     )
     S = f"{min(steps)}-{max(steps)}" if min(steps) != max(steps) else str(steps[0])
     print(

@@ -16,9 +16,10 @@ from pipeline.learn.logger import MetricLogger, log_summary, make_logger
 from pipeline.train.faults import FAIL_AT_STEP_ENV, FAIL_MARKER_ENV, FAIL_RANK_ENV
 from pipeline.train.history import EvalHistory, StepHistory
 from pipeline.train.progress import SampleRecorder
+from pipeline.train.runspec import RunSpec
 from pipeline.train.step import GroupStats, train_group
 from pipeline.train.stop import stop_flag_name, stop_poller
-from pipeline.train.trainer import RunSpec, Trainer
+from pipeline.train.trainer import Trainer
 
 __all__ = [
     "GpuUnusableError",

@@ -6,7 +6,7 @@
 - `preflight`: the workers plus what Ray Data needs must fit in the cluster, else the run
   deadlocks (workers waiting for data that no CPU is left to read) or waits forever.
 - `check_before_start`: what the config alone decides, before Ray starts: the model can be built
-  (and, in packed mode, confined to each document), the data is not an unfinished `jobs.tokenize` output, a `data.row_cache_dir` can be written.
+  (and, in packed mode, confined to each document), the data is not an unfinished `jobs.tokenize` output, a `delivery.row_cache_dir` can be written.
 - `truncation_summary`: how much `data.over_length: truncate` cuts, for one line at run start.
 """
 
@@ -49,8 +49,8 @@ def check_before_start(cfg: RunConfig) -> None:
         check_packed_model(cfg.model)  # a pretrained one: once its directory is checked
     if cfg.data.path is not None:
         check_complete_output(cfg.data.path)
-    if cfg.data.row_cache:
-        check_row_cache_dir(cfg.data.row_cache_dir)
+    if cfg.delivery.row_cache:
+        check_row_cache_dir(cfg.delivery.row_cache_dir)
 
 
 # --------------------------------------------------------------------------- stable paths

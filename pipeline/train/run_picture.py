@@ -112,83 +112,123 @@ def draw_history(
     a = history.arrays()
     if a["step"].size == 0:
         raise ValueError("the run has no recorded steps to draw")
-    step, bucket = a["step"], a["bucket"].astype(int)
-    loss, deb = a["loss"].astype(float), a["debiased"].astype(float)
-    real, padded, secs = (a[c].astype(float) for c in ("real", "padded", "seconds"))
+    bucket = a["bucket"].astype(int)
     n_buckets = int(max(bucket.max() + 1, len(edges) - 1 if edges else 0))
     cmap = plt.get_cmap("viridis", max(n_buckets, 2))
+    ev = evals.arrays() if evals is not None and len(evals) else None
 
     fig, axes = plt.subplots(2, 3, figsize=(16, 8.5))
     (ax_loss, ax_bucket, ax_lr), (ax_pad, ax_tps, ax_text) = axes
+    _draw_loss(ax_loss, a, ev, cmap, n_buckets)
+    _draw_bucket_losses(fig, ax_bucket, a, ev, cmap, n_buckets, edges)
+    ax_lr.plot(a["step"], a["lr"], color="#4477aa", lw=1.2)
+    ax_lr.set_title("learning rate")
+    ax_lr.set_xlabel("global step")
+    ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    _draw_padding(ax_pad, a)
+    _draw_speed(ax_tps, a)
+    ax_text.axis("off")
+    text = "\n".join(_summary_lines(a, ev, n_buckets, edges))
+    ax_text.text(0.0, 1.0, text, va="top", ha="left", family="monospace", fontsize=9.5)
+    fig.suptitle(title or "bucketray run", fontsize=12)
+    fig.tight_layout()
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
 
-    ax_loss.plot(step, loss, color="#999999", lw=0.5, zorder=1, label="raw step loss")
-    ax_loss.plot(step, deb, color="#cc3311", lw=1.3, alpha=0.85, zorder=2, label="debiased loss")
-    ax_loss.scatter(
-        step, loss, c=bucket, cmap=cmap, vmin=0, vmax=n_buckets - 1, s=9, lw=0, zorder=3
-    )
-    ev = evals.arrays() if evals is not None and len(evals) else None
+
+def _draw_loss(ax, a: dict, ev: dict | None, cmap, n_buckets: int) -> None:
+    """Raw step loss (dots coloured by bucket), the debiased loss and the held-out loss."""
+    step, loss = a["step"], a["loss"].astype(float)
+    ax.plot(step, loss, color="#999999", lw=0.5, zorder=1, label="raw step loss")
+    ax.plot(
+        step, a["debiased"].astype(float), color="#cc3311", lw=1.3, alpha=0.85, zorder=2,
+        label="debiased loss",
+    )  # fmt: skip
+    ax.scatter(
+        step, loss, c=a["bucket"].astype(int), cmap=cmap, vmin=0, vmax=n_buckets - 1, s=9,
+        lw=0, zorder=3,
+    )  # fmt: skip
     if ev is not None:
-        ax_loss.plot(
+        ax.plot(
             ev["step"], ev["loss"], color="#000000", lw=1.6, marker="o", ms=4, zorder=4,
             label="held-out loss",
         )  # fmt: skip
-        _clip_to_training(ax_loss, loss, ev["loss"])
+        _clip_to_training(ax, loss, ev["loss"])
     held = ", held-out" if ev is not None else ""
-    ax_loss.set_title(f"loss: raw (dots by bucket), debiased{held}")
-    ax_loss.set_xlabel("global step")
-    ax_loss.set_ylabel("loss (nats per supervised token)")
-    ax_loss.legend(loc="upper right", fontsize=8)
+    ax.set_title(f"loss: raw (dots by bucket), debiased{held}")
+    ax.set_xlabel("global step")
+    ax.set_ylabel("loss (nats per supervised token)")
+    ax.legend(loc="upper right", fontsize=8)
 
+
+def _draw_bucket_losses(
+    fig, ax, a: dict, ev: dict | None, cmap, n_buckets: int, edges: list[int] | None
+) -> None:
+    """Each bucket's loss over its own steps (and its held-out loss as dots), a colour bar of
+    the buckets' lengths."""
+    import matplotlib.pyplot as plt
+
+    step, bucket, loss = a["step"], a["bucket"].astype(int), a["loss"].astype(float)
     for k in range(n_buckets):
         curve = _bucket_curves(step, bucket, loss, k)
         if curve is not None:
-            ax_bucket.plot(*curve, color=cmap(k), lw=1.0)
+            ax.plot(*curve, color=cmap(k), lw=1.0)
         if ev is not None and k < ev["loss_by_bucket"].shape[1]:
-            ax_bucket.plot(
-                ev["step"], ev["loss_by_bucket"][:, k], color=cmap(k), lw=0, marker="o", ms=3
-            )
+            ax.plot(ev["step"], ev["loss_by_bucket"][:, k], color=cmap(k), lw=0, marker="o", ms=3)
     held = "; held-out: dots" if ev is not None else ""
-    ax_bucket.set_title(f"each bucket's loss over its own steps{held}")
-    ax_bucket.set_xlabel("global step")
+    ax.set_title(f"each bucket's loss over its own steps{held}")
+    ax.set_xlabel("global step")
     sm = plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(-0.5, n_buckets - 0.5))
-    bar = fig.colorbar(sm, ax=ax_bucket, pad=0.01)
+    bar = fig.colorbar(sm, ax=ax, pad=0.01)
     ticks = sorted({0, n_buckets // 2, n_buckets - 1})
     bar.set_ticks(ticks)
     bar.set_ticklabels([_bucket_label(k, edges) for k in ticks], fontsize=7)
     bar.set_label("bucket (sample lengths)", fontsize=8)
 
-    ax_lr.plot(step, a["lr"], color="#4477aa", lw=1.2)
-    ax_lr.set_title("learning rate")
-    ax_lr.set_xlabel("global step")
-    ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
 
+def _draw_padding(ax, a: dict) -> None:
+    """Each step's padding efficiency and the run's."""
+    real, padded = a["real"].astype(float), a["padded"].astype(float)
     eff = real / np.maximum(padded, 1.0)
     total_eff = real.sum() / max(padded.sum(), 1.0)
-    ax_pad.plot(step, eff, color="#228833", lw=0.6)
-    ax_pad.axhline(total_eff, color="#222222", lw=0.8, ls="--", label=f"run: {total_eff:.3f}")
-    ax_pad.set_ylim(max(0.0, float(np.nanmin(eff)) - 0.05), 1.005)
-    ax_pad.set_title("padding efficiency (real / padded tokens)")
-    ax_pad.set_xlabel("global step")
-    ax_pad.legend(loc="lower right", fontsize=8)
+    ax.plot(a["step"], eff, color="#228833", lw=0.6)
+    ax.axhline(total_eff, color="#222222", lw=0.8, ls="--", label=f"run: {total_eff:.3f}")
+    ax.set_ylim(max(0.0, float(np.nanmin(eff)) - 0.05), 1.005)
+    ax.set_title("padding efficiency (real / padded tokens)")
+    ax.set_xlabel("global step")
+    ax.legend(loc="lower right", fontsize=8)
 
-    tps = real / np.maximum(secs, 1e-9)
-    ax_tps.plot(step, tps / 1e3, color="#bbbbbb", lw=0.5, label="each step")
-    ax_tps.plot(step, _rolling_median(tps, 25) / 1e3, color="#aa3377", lw=1.4, label="median of 25")
+
+def _draw_speed(ax, a: dict) -> None:
+    """Real tokens per second, each step's and a rolling median."""
+    step = a["step"]
+    tps = a["real"].astype(float) / np.maximum(a["seconds"].astype(float), 1e-9)
+    ax.plot(step, tps / 1e3, color="#bbbbbb", lw=0.5, label="each step")
+    ax.plot(step, _rolling_median(tps, 25) / 1e3, color="#aa3377", lw=1.4, label="median of 25")
     top = np.nanpercentile(tps, 99) / 1e3 if tps.size else 1.0
-    ax_tps.set_ylim(0, max(top * 1.1, 1e-3))
-    ax_tps.set_title("real tokens per second (all ranks)")
-    ax_tps.set_xlabel("global step")
-    ax_tps.set_ylabel("Ktok/s")
-    ax_tps.legend(loc="lower right", fontsize=8)
+    ax.set_ylim(0, max(top * 1.1, 1e-3))
+    ax.set_title("real tokens per second (all ranks)")
+    ax.set_xlabel("global step")
+    ax.set_ylabel("Ktok/s")
+    ax.legend(loc="lower right", fontsize=8)
 
-    ratio = readability(loss, deb)
+
+def _summary_lines(a: dict, ev: dict | None, n_buckets: int, edges: list[int] | None) -> list:
+    """The text panel: the run in figures, the held-out evaluations and how to read the loss."""
+    step, loss = a["step"], a["loss"].astype(float)
+    real, padded, secs = (a[c].astype(float) for c in ("real", "padded", "seconds"))
+    tps = real / np.maximum(secs, 1e-9)
+    ratio = readability(loss, a["debiased"].astype(float))
     first = loss[np.isfinite(loss)][:10]
     last = loss[np.isfinite(loss)][-10:]
     lines = [
         f"{int(step[-1]):,} global steps, {int(a['epoch'].max()) + 1} epoch(s)",
         f"{real.sum():,.0f} real tokens, {n_buckets} buckets",
         f"loss: first 10 steps {np.mean(first):.3f}, last 10 {np.mean(last):.3f}",
-        f"padding efficiency {total_eff:.3f}",
+        f"padding efficiency {real.sum() / max(padded.sum(), 1.0):.3f}",
         f"median {np.nanmedian(tps) / 1e3:.1f} Ktok/s, {secs.sum() / 60:.1f} min of steps",
         *_eval_lines(ev),
         "",
@@ -198,15 +238,7 @@ def draw_history(
     ]
     if edges:
         lines += ["", "edges: " + _wrap_edges(edges)]
-    ax_text.axis("off")
-    ax_text.text(0.0, 1.0, "\n".join(lines), va="top", ha="left", family="monospace", fontsize=9.5)
-    fig.suptitle(title or "bucketray run", fontsize=12)
-    fig.tight_layout()
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return lines
 
 
 def _clip_to_training(ax, loss: np.ndarray, held: np.ndarray) -> None:

@@ -15,12 +15,9 @@ DriverGoneError) ends it on every rank without one.
 
 from __future__ import annotations
 
-import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
@@ -28,27 +25,14 @@ from torch.nn.parallel import DistributedDataParallel
 from pipeline.core.config import RunConfig
 from pipeline.core.metrics import BucketLossTracker
 from pipeline.core.runlength import run_length
-from pipeline.learn.checkpoint import (
-    DataPosition,
-    TrainState,
-    check_resume,
-    global_batch_definition,
-    rng_state,
-    save_checkpoint,
-    save_run_config,
-    set_rng_state,
-)
+from pipeline.learn.checkpoint import DataPosition, global_batch_definition
 from pipeline.learn.logger import MetricLogger, NullLogger, run_id_for
 from pipeline.learn.loss import NonFiniteGuard
 from pipeline.learn.model_check import ModelBuildError, build_model_or_refuse
-from pipeline.learn.model_record import check_same_model, load_weights, model_record
-from pipeline.learn.optim import (
-    build_optimizer,
-    build_scheduler,
-    load_with_current_settings,
-    optimizer_settings,
-)
+from pipeline.learn.model_record import model_record
+from pipeline.learn.optim import build_optimizer, build_scheduler, optimizer_settings
 from pipeline.learn.packed_attention import require_packed_support
+from pipeline.train.checkpointing import Checkpointing, seed_worker
 from pipeline.train.evaluation import EvalBatchesFn, Evaluator, eval_line
 from pipeline.train.faults import maybe_fail
 from pipeline.train.history import EvalHistory, StepHistory
@@ -59,34 +43,11 @@ from pipeline.train.progress import (
     progress_line,
     step_metrics,
 )
+from pipeline.train.runspec import BatchesFn, RunSpec, SaveFn, crossed
 from pipeline.train.step import GroupStats, all_reduce, train_group
 from pipeline.train.stop import DriverGoneError
 
 __all__ = ["RunSpec", "Trainer", "UnusedParametersError", "seed_worker"]
-
-# (checkpoint directory, metrics, checkpoint name[, validation=task kwargs: eval.mode=async])
-SaveFn = Callable[..., None]
-BatchesFn = Callable[[int, int], Iterator]  # (epoch, start step) -> this rank's micro-batches
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """What one rank knows about the run besides the config."""
-
-    rank: int
-    world: int
-    device: torch.device
-    edges: list[int]
-    steps_per_epoch: list[int]  # planned global steps of each epoch the run reaches
-    epochs: list[dict]  # per epoch: {"hash": plan hash, "metrics": {"epoch/...": ...}}
-    run_dir: str  # the run's resolved storage directory: names its W&B run
-    data_files: dict = field(default_factory=dict)  # per-shard digests (pipeline.core.manifest)
-
-
-def seed_worker(seed: int, rank: int, steps_done: int) -> None:
-    """Per-rank dropout RNG from a seed tuple (never seed + rank, which collides)."""
-    s = int(np.random.SeedSequence((seed, rank, steps_done)).generate_state(1)[0])
-    torch.manual_seed(s)
 
 
 def _take(it: Iterator, n: int) -> tuple[list, float]:
@@ -99,10 +60,6 @@ def _take(it: Iterator, n: int) -> tuple[list, float]:
         except StopIteration:
             break
     return out, time.perf_counter() - t0
-
-
-def _crossed(before: int, after: int, every: int | None) -> bool:
-    return every is not None and after // every > before // every
 
 
 class UnusedParametersError(RuntimeError):
@@ -123,9 +80,10 @@ def unused_parameters_error(e: RuntimeError) -> RuntimeError:
     )
 
 
-class Trainer:
-    """One rank's run: `resume(state)`, then `fit(batches, logger)`; `step`, `maybe_log` and
-    `maybe_checkpoint` are its parts, in that order for every optimizer step."""
+class Trainer(Checkpointing):
+    """One rank's run: `resume(state)`, then `fit(batches, logger)`; `step`, `maybe_log`,
+    `maybe_evaluate` and `maybe_checkpoint` are its parts, in that order for every optimizer
+    step (resume and checkpoints: `pipeline.train.checkpointing`)."""
 
     def __init__(
         self,
@@ -182,70 +140,7 @@ class Trainer:
 
     def steps_in(self, epoch: int) -> int:
         """The planned global steps of `epoch` (0 past the epochs the run reaches)."""
-        planned = self.spec.steps_per_epoch
-        return planned[epoch] if epoch < len(planned) else 0
-
-    # ---- resume (contract 7)
-    def resume(
-        self,
-        state: TrainState | None,
-        history: StepHistory | None = None,
-        evals: EvalHistory | None = None,
-    ) -> None:
-        """Continue from `state` (this rank's view of the latest checkpoint) and the step history
-        and evaluations saved with it, or start fresh."""
-        spec = self.spec
-        if state is None:
-            seed_worker(self.cfg.train.seed, spec.rank, 0)
-            return
-        p = state.position
-        if p.epoch < len(spec.epochs):
-            check_resume(
-                p,
-                global_batch=self.global_batch,
-                plan_hash=spec.epochs[p.epoch]["hash"],
-                world_size=spec.world,
-                on_world_size_change=self.cfg.plan.on_world_size_change,
-                data_files=spec.data_files,
-            )
-        check_same_model(state.model_record, self.model_record)
-        load_weights(self.model, state.model)
-        # The moments and the schedule's position from the checkpoint, the settings from this
-        # config: a resume with a lower train.lr trains at it, and says so.
-        changed = load_with_current_settings(
-            self.optimizer,
-            self.scheduler,
-            state.optimizer,
-            state.scheduler,
-            state.train_record,
-            self.settings,
-        )
-        if changed and spec.rank == 0:
-            print(
-                f"[bucketray] resuming with new optimizer settings: {', '.join(changed)}",
-                flush=True,
-            )
-        self.tracker.load_state_dict(state.tracker)
-        self.counters, self.run_id = dict(state.counters), state.wandb_run_id
-        self.position = p.normalized(self.steps_in(p.epoch))
-        self.steps_done = p.steps_done
-        if history is not None:
-            history.truncate(p.steps_done)
-            self.history = history
-        if evals is not None:
-            evals.truncate(p.steps_done)
-            self.evals = evals
-        if state.rng is not None and p.world_size == spec.world:
-            set_rng_state(state.rng)
-        else:
-            seed_worker(self.cfg.train.seed, spec.rank, p.steps_done)
-        if spec.rank == 0:
-            print(
-                f"[bucketray] resuming at epoch {self.position.epoch} step "
-                f"{self.position.next_step} ({p.steps_done} global steps done, written by "
-                f"{p.world_size} workers)",
-                flush=True,
-            )
+        return self.spec.steps_in(epoch)
 
     # ---- run -> epoch -> step
     def fit(self, batches: BatchesFn, logger: MetricLogger) -> str:
@@ -377,7 +272,7 @@ class Trainer:
     def maybe_log(self, stats: GroupStats, before: int, epoch: int) -> None:
         """Metrics and rank 0's console line every train.log_every global steps and at the end."""
         done, total = self.steps_done, self.total_steps
-        if not (_crossed(before, done, self.cfg.train.log_every) or done == total):
+        if not (crossed(before, done, self.cfg.train.log_every) or done == total):
             return
         m = step_metrics(
             stats, lr=self.lr, grad_norm=self.grad_norm, debiased=self.debiased, epoch=epoch
@@ -447,74 +342,3 @@ class Trainer:
         if flag[1].item() > 0:
             raise gone or DriverGoneError("another rank found the run's driver gone")
         return bool(flag[0].item() > 0)
-
-    def checkpoint_due(self, before: int, epoch: int, next_step: int) -> bool:
-        """A checkpoint falls after this step: an epoch end, the run's end, or every
-        checkpoint.every_steps global steps (a stop request adds one)."""
-        done = self.steps_done
-        return (
-            next_step == self.steps_in(epoch)
-            or done == self.total_steps
-            or _crossed(before, done, self.cfg.checkpoint.every_steps)
-        )
-
-    def maybe_checkpoint(self, before: int, epoch: int, next_step: int, stop: bool) -> None:
-        """Checkpoint at an epoch end, the run's end, every checkpoint.every_steps global steps
-        and on a stop request; never while the last step was non-finite."""
-        done = self.steps_done
-        if not (stop or self.validate_next or self.checkpoint_due(before, epoch, next_step)):
-            return
-        if self.guard.streak > 0:
-            if self.spec.rank == 0:
-                print(
-                    f"[bucketray] no checkpoint at step {done}: its loss is not finite", flush=True
-                )
-            return
-        self.checkpoint(epoch, next_step, stopped=stop)
-
-    def checkpoint(self, epoch: int, next_step: int, stopped: bool = False) -> None:
-        t0, done = time.perf_counter(), self.steps_done
-        pos = DataPosition(
-            epoch,
-            next_step,
-            self.spec.epochs[epoch]["hash"],
-            self.spec.world,
-            self.global_batch,
-            done,
-            self.spec.data_files,
-        )
-        state = TrainState(
-            model=self.model.state_dict(),
-            optimizer=self.optimizer.state_dict(),
-            scheduler=self.scheduler.state_dict(),
-            position=pos,
-            wandb_run_id=self.run_id,
-            counters=self.counters,
-            tracker=self.tracker.state_dict(),
-            rng=rng_state(),
-            model_record=self.model_record,
-            train_record=self.settings,
-        )
-        metrics = {
-            "steps": done,
-            "epoch": epoch,
-            "next_step": next_step,
-            "tokens": self.counters["tokens"],
-            "samples": self.counters["samples"],
-            "loss": self.last_loss,
-            "padding_efficiency": self.counters["tokens"] / max(self.counters["padded"], 1.0),
-            "stopped": int(stopped),
-        }
-        with tempfile.TemporaryDirectory(prefix="bucketray-ckpt-") as d:
-            if self.spec.rank == 0:
-                self.history.write(d)
-                self.evals.write(d)
-                save_run_config(d, self.cfg)
-            save_checkpoint(d, state, rank=self.spec.rank)
-            name = f"checkpoint_step{done:08d}"
-            if self.validate_next:
-                self.save(d, metrics, name, validation={"step": done, "epoch": epoch})
-            else:
-                self.save(d, metrics, name)
-            self.validate_next = False
-        self.logger.log({"checkpoint/save_s": time.perf_counter() - t0}, step=done)

@@ -1,6 +1,6 @@
 """Contract 10 for shards that go bad after indexing: a run never trains on what its plan did not
 index. A file replaced between epochs by an unreadable one, or by one with other rows:
-- read from parquet (`data.row_cache: false`), it stops the next epoch's read with an error
+- read from parquet (`delivery.row_cache: false`), it stops the next epoch's read with an error
   naming the file;
 - with the row cache (the default), the next epoch is served from the rows decoded and verified
   when the run indexed them -- the data the plan was made from -- and the next start or resume
@@ -55,7 +55,7 @@ def _other_rows(path):
 @pytest.mark.parametrize("replace", [_truncate, _other_rows], ids=["unreadable", "other_rows"])
 def test_contract10_shard_replaced_between_epochs_names_the_file(local_ray, tmp_path, replace):
     d = _shards(tmp_path)
-    cfg = cfg_for(d, row_cache=False)
+    cfg = cfg_for(d, delivery={"row_cache": False})
     index = build_length_index(cfg)
     name = f"replaced-{uuid.uuid4().hex[:6]}"
     start_feeder(cfg, index, EDGES, name=name, path=str(d), prefetch=False)
@@ -78,7 +78,7 @@ def test_contract10_shard_replaced_between_epochs_trains_the_indexed_rows_and_th
     from pipeline.train.resume_check import data_file_digests
 
     d = _shards(tmp_path)
-    cfg = cfg_for(d, row_cache_dir=str(tmp_path / "rows"))
+    cfg = cfg_for(d, delivery={"row_cache_dir": str(tmp_path / "rows")})
     index = build_length_index(cfg)
     name = f"cached-{uuid.uuid4().hex[:6]}"
     start_feeder(cfg, index, EDGES, name=name, path=str(d), prefetch=False)

@@ -22,7 +22,7 @@ from pipeline.data import (
     stop_feeder,
 )
 from tests.faults.conftest import report
-from tests.ray.test_data_delivery import base_cfg, write_corpus
+from tests.ray.small_corpus import base_cfg, write_corpus
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -51,12 +51,12 @@ def test_node_lost_mid_chapter_keeps_every_rank_sequence_exact(three_nodes, tmp_
     lengths = np.random.default_rng(3).integers(1, 65, 600)
     tokens = write_corpus(str(path), lengths, shards=3, rows_per_group=50)
     # Without the row cache each chapter is read and sorted by Ray Data tasks on the two nodes.
-    data = {"chapter_steps": 12, "cache_dir": str(tmp_path / "index"), "row_cache": False}
-    cfg = base_cfg(path, data=data)
+    delivery = {"chapter_steps": 12, "row_cache": False}
+    cfg = base_cfg(path, data={"cache_dir": str(tmp_path / "index")}, delivery=delivery)
     index = build_length_index(cfg)
     edges = resolve_edges(cfg, index.lengths)
     plan = epoch_plan_for(cfg, index, edges, 0, WORLD)
-    bounds = plan_chapter_bounds(plan, max_steps=12, max_tokens=cfg.data.chapter_tokens)
+    bounds = plan_chapter_bounds(plan, max_steps=12, max_tokens=cfg.delivery.chapter_tokens)
     assert bounds.size - 1 >= 3
     lose_at = int(bounds[1]) + 4  # inside the second chapter, the third prepared ahead
 

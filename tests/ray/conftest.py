@@ -2,21 +2,31 @@
 
 `address="local"` never attaches to another `ray start` on the machine, so a test cannot run
 inside someone else's cluster. A module whose Ray processes must inherit environment variables
-set by one of its fixtures (the S3 suite) swaps in its own instance with `private_ray`.
+set by one of its fixtures (the S3 suite) swaps in its own instance with `private_ray`. The
+job-submission tests share `ray_head`, a token-authenticated `ray start` head of their own.
 """
 
 from __future__ import annotations
 
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import ray
 import ray.data
 
-# The `ray start` head of the job-submission tests, shared by test_submit_script.py (where it is
-# defined) and test_job_submit.py.
-from tests.ray.test_submit_script import ray_head  # noqa: F401
+from tests.helpers import free_ports, http_status
+
+VENV_BIN = Path(sys.executable).parent
 
 
 def start_local_ray(**kw) -> object:
@@ -80,3 +90,62 @@ def tiny_run(_shutdown_ray_at_exit, tmp_path_factory):
     summary = run(cfg)
     metrics = [json.loads(x) for x in (tmp / "metrics.jsonl").read_text().splitlines()]
     return cfg, summary, metrics, tmp
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    """A `ray start --head --block` of our own, with token auth on, its own ports and temp dir.
+
+    Stopped through that process only, not with `ray stop`, which ends every Ray process on the
+    machine, other suites' clusters included. Its own --temp-dir keeps `ray.init()`
+    elsewhere from discovering this head through /tmp/ray.
+    """
+    tmp = Path(tempfile.mkdtemp(prefix="brsub-", dir="/tmp"))  # short: Ray's socket paths
+    token_path = tmp / "auth_token"
+    token_path.write_text(secrets.token_hex(32))
+    token_path.chmod(0o600)
+    gcs, dashboard, agent, client = free_ports(4)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(
+        PATH=f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}",
+        RAY_AUTH_MODE="token",
+        RAY_AUTH_TOKEN_PATH=str(token_path),
+        WANDB_MODE="disabled",
+    )
+    cmd = [
+        str(VENV_BIN / "ray"), "start", "--head", "--block",
+        "--num-cpus=2",
+        f"--port={gcs}",
+        "--dashboard-host=127.0.0.1",
+        f"--dashboard-port={dashboard}",
+        f"--dashboard-agent-listen-port={agent}",
+        f"--ray-client-server-port={client}",
+        f"--temp-dir={tmp / 'ray'}",
+    ]  # fmt: skip
+    log = open(tmp / "ray_start.log", "w")
+    head = subprocess.Popen(
+        cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    address = f"http://127.0.0.1:{dashboard}"
+    try:
+        deadline = time.monotonic() + 90
+        while http_status(f"{address}/api/jobs/", token_path.read_text()) != 200:
+            if head.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"ray head did not come up:\n{(tmp / 'ray_start.log').read_text()[-3000:]}"
+                )
+            time.sleep(1)
+        yield {"address": address, "env": env, "token": token_path.read_text()}
+    finally:
+        # SIGTERM to `ray start` alone: its handler stops the node's processes in order (~5 s on
+        # an idle node; signalling the whole group left the autoscaler monitor hanging). After a
+        # training job it can take longer; then the group, which holds every process this head
+        # started, is killed outright.
+        head.send_signal(signal.SIGTERM)
+        try:
+            head.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait(timeout=10)
+        log.close()
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -48,10 +48,11 @@ def dataset(tmp_path, mutate):
     return d
 
 
-def cfg_for(d, mode="error", **data):
+def cfg_for(d, mode="error", delivery=None, **data):
     return RunConfig.model_validate(
         {
             "data": {"path": str(d), "on_bad_rows": mode, **data},
+            "delivery": delivery or {},
             "buckets": {"edges": EDGES},
             "batching": {"token_budget": 256},
             "model": {"vocab_size": VOCAB},

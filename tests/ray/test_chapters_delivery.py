@@ -21,7 +21,7 @@ from pipeline.data import (
     start_feeder,
     stop_feeder,
 )
-from tests.ray.test_data_delivery import base_cfg, write_corpus
+from tests.ray.small_corpus import base_cfg, write_corpus
 
 pytestmark = pytest.mark.ray
 
@@ -35,13 +35,15 @@ class Data:
         self.path = str(path)
         lengths = np.random.default_rng(5).integers(1, 65, 600)
         self.tokens = write_corpus(self.path, lengths, shards=3, rows_per_group=50)
-        self.cfg = base_cfg(self.path, train={"epochs": 2}, data={"chapter_steps": CHAPTER_STEPS})
-        self.whole_cfg = base_cfg(self.path, train={"epochs": 2}, data={"chapter_tokens": None})
+        self.cfg = base_cfg(
+            self.path, train={"epochs": 2}, delivery={"chapter_steps": CHAPTER_STEPS}
+        )
+        self.whole_cfg = base_cfg(self.path, train={"epochs": 2}, delivery={"chapter_tokens": None})
         # a lead-in of at most LEAD tokens, then 4x, ... up to the chapter's end
         self.lead_cfg = base_cfg(
             self.path,
             train={"epochs": 2},
-            data={"chapter_steps": CHAPTER_STEPS, "lead_tokens": LEAD},
+            delivery={"chapter_steps": CHAPTER_STEPS, "lead_tokens": LEAD},
         )
         self.index = build_length_index(self.cfg)
         self.edges = resolve_edges(self.cfg, self.index.lengths)
@@ -55,7 +57,7 @@ class Data:
         return epoch_plan_for(self.cfg, self.index, self.edges, epoch, world)
 
     def bounds(self, plan):
-        return chapter_bounds_for(plan, self.cfg.data)
+        return chapter_bounds_for(plan, self.cfg.delivery)
 
     def streams(self, cfg, world, epoch=0, start_step=0):
         name = self.feeder(cfg)
@@ -191,7 +193,7 @@ def test_without_the_row_cache_chapters_are_sorted_by_ray_data_after_the_lead_in
     world = 2
     plan = data.plan(0, world)
     cfg = data.lead_cfg.model_copy(deep=True)
-    cfg.data.row_cache = False
+    cfg.delivery.row_cache = False
     led, status = data.streams(cfg, world)
     whole, _ = data.streams(data.whole_cfg, world)
     assert_same_streams(led, whole)

@@ -30,7 +30,7 @@ from pipeline.data import (
     stop_feeder,
 )
 from tests.flaky_fs import flaky_fs, opens
-from tests.ray.test_data_delivery import base_cfg, write_corpus
+from tests.ray.small_corpus import base_cfg, write_corpus
 
 pytestmark = pytest.mark.ray
 
@@ -47,7 +47,7 @@ class Data:
         )
         # Every preparation reads parquet here (faults of the storage are the subject); the row
         # cache, which serves later chapters from its own files, is tested in test_row_cache.
-        self.cfg = base_cfg(self.path, train={"epochs": 2}, data={"row_cache": False})
+        self.cfg = base_cfg(self.path, train={"epochs": 2}, delivery={"row_cache": False})
         self.index = build_length_index(self.cfg)
         self.edges = resolve_edges(self.cfg, self.index.lengths)
 

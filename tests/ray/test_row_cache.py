@@ -21,8 +21,8 @@ from pipeline.data import (
     stop_feeder,
 )
 from tests.flaky_fs import flaky_fs, opens
+from tests.ray.small_corpus import base_cfg, write_corpus
 from tests.ray.test_chapters_delivery import assert_same_streams
-from tests.ray.test_data_delivery import base_cfg, write_corpus
 
 pytestmark = pytest.mark.ray
 
@@ -42,9 +42,9 @@ class Data:
         self.row_groups = sum(len(r) for r in self.index.row_groups)
         self.reference = {e: self.streams(self.parquet_cfg, e)[0] for e in (0, 1)}
 
-    def cfg(self, **data):
-        data = {"chapter_steps": CHAPTER_STEPS, "lead_tokens": None} | data
-        return base_cfg(self.path, train={"epochs": 2}, data=data)
+    def cfg(self, **delivery):
+        delivery = {"chapter_steps": CHAPTER_STEPS, "lead_tokens": None} | delivery
+        return base_cfg(self.path, train={"epochs": 2}, delivery=delivery)
 
     def streams(self, cfg, epoch, prefetch=False, **kw):
         name = f"rows-{uuid.uuid4().hex[:8]}"

@@ -25,7 +25,7 @@ from pipeline.data.run_warnings import (
 )
 from pipeline.train.launch import run
 from tests.helpers import tiny_config
-from tests.ray.test_data_delivery import base_cfg, write_corpus
+from tests.ray.small_corpus import base_cfg, write_corpus
 
 pytestmark = pytest.mark.ray
 
@@ -67,7 +67,7 @@ def _a_process_of_the_run(collector: str, source: str, times: int) -> None:
 def test_warnings_off_the_driver_reach_its_console_once_with_a_count(cluster, tmp_path, capsys):
     path = str(tmp_path / "data")
     write_corpus(path, np.random.default_rng(3).integers(1, 65, 300), shards=2, rows_per_group=50)
-    cfg = base_cfg(path, data={"row_cache_dir": str(tmp_path / "rows"), "lead_tokens": None})
+    cfg = base_cfg(path, delivery={"row_cache_dir": str(tmp_path / "rows"), "lead_tokens": None})
     index = build_length_index(cfg)
     edges = resolve_edges(cfg, index.lengths)
     reference = _stream(cfg, index, edges, path)  # fills the row cache
@@ -123,7 +123,7 @@ def warning_model(config: dict) -> torch.nn.Module:
 def test_a_warning_of_every_training_worker_shows_once_with_its_count(cluster, tmp_path, capsys):
     cfg = tiny_config(
         tmp_path,
-        model={"name": "tests.ray.test_run_warnings:warning_model"},
+        model={"name": "tests.ray.test_run_warnings_on_the_console:warning_model"},
         train={"epochs": 1, "max_steps": 3},
     )
     summary = run(cfg)

@@ -13,101 +13,22 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import free_ports
+from tests.helpers import http_status
 
 ROOT = Path(__file__).resolve().parents[2]
 SUBMIT = ROOT / "infra" / "submit.sh"
-VENV_BIN = Path(sys.executable).parent
 REPORT_PREFIX = "SUBMIT_PROBE "
 # Present in a checkout, and listed in submit.sh's excludes: the job must not see them.
 EXCLUDED = (".venv", ".git", "data", "runs", "wandb")
 
 pytestmark = pytest.mark.ray
-
-
-def _get(url: str, token: str | None) -> int:
-    """HTTP status of a GET, 0 while nothing listens yet."""
-    req = urllib.request.Request(url)
-    if token is not None:
-        req.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(req, timeout=5) as r:
-            return r.status
-    except urllib.error.HTTPError as e:
-        return e.code
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
-        return 0
-
-
-@pytest.fixture(scope="module")
-def ray_head():
-    """A `ray start --head --block` of our own, with token auth on, its own ports and temp dir.
-
-    Stopped through that process only, not with `ray stop`, which ends every Ray process on the
-    machine, other suites' clusters included. Its own --temp-dir keeps `ray.init()`
-    elsewhere from discovering this head through /tmp/ray.
-    """
-    tmp = Path(tempfile.mkdtemp(prefix="brsub-", dir="/tmp"))  # short: Ray's socket paths
-    token_path = tmp / "auth_token"
-    token_path.write_text(secrets.token_hex(32))
-    token_path.chmod(0o600)
-    gcs, dashboard, agent, client = free_ports(4)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update(
-        PATH=f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}",
-        RAY_AUTH_MODE="token",
-        RAY_AUTH_TOKEN_PATH=str(token_path),
-        WANDB_MODE="disabled",
-    )
-    cmd = [
-        str(VENV_BIN / "ray"), "start", "--head", "--block",
-        "--num-cpus=2",
-        f"--port={gcs}",
-        "--dashboard-host=127.0.0.1",
-        f"--dashboard-port={dashboard}",
-        f"--dashboard-agent-listen-port={agent}",
-        f"--ray-client-server-port={client}",
-        f"--temp-dir={tmp / 'ray'}",
-    ]  # fmt: skip
-    log = open(tmp / "ray_start.log", "w")
-    head = subprocess.Popen(
-        cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    address = f"http://127.0.0.1:{dashboard}"
-    try:
-        deadline = time.monotonic() + 90
-        while _get(f"{address}/api/jobs/", token_path.read_text()) != 200:
-            if head.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"ray head did not come up:\n{(tmp / 'ray_start.log').read_text()[-3000:]}"
-                )
-            time.sleep(1)
-        yield {"address": address, "env": env, "token": token_path.read_text()}
-    finally:
-        # SIGTERM to `ray start` alone: its handler stops the node's processes in order (~5 s on
-        # an idle node; signalling the whole group left the autoscaler monitor hanging). After a
-        # training job it can take longer; then the group, which holds every process this head
-        # started, is killed outright.
-        head.send_signal(signal.SIGTERM)
-        try:
-            head.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
-            head.wait(timeout=10)
-        log.close()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _submit(ray_head, config: str, *args: str, timeout: float, **extra_env: str):
@@ -140,8 +61,8 @@ def _job_status(ray_head, submission_id: str) -> str:
 
 
 def test_jobs_api_refuses_requests_without_the_token(ray_head):
-    assert _get(f"{ray_head['address']}/api/jobs/", None) == 401
-    assert _get(f"{ray_head['address']}/api/jobs/", "not-the-token") in (401, 403)
+    assert http_status(f"{ray_head['address']}/api/jobs/", None) == 401
+    assert http_status(f"{ray_head['address']}/api/jobs/", "not-the-token") in (401, 403)
 
 
 def test_submitted_job_sees_repo_and_arguments_and_succeeds(ray_head):

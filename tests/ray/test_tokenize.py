@@ -176,17 +176,16 @@ def test_three_commands_from_jsonl_to_a_trained_hugging_face_model(cluster, tmp_
 def test_tokenized_shards_have_bounded_row_groups(tmp_path, monkeypatch):
     """A large input file is written in row groups of at most ROW_GROUP_ROWS rows (several read
     tasks per shard), not pyarrow's default of up to a million rows in one."""
-    from pipeline.data import tokenize
+    from pipeline.data import tokenize_io
+    from pipeline.data.tokenize_text import TokenizeFiles
 
     _tokenizer(tmp_path / "tokenizer.json")
     src, out = tmp_path / "in", tmp_path / "out"
     src.mkdir()
     out.mkdir()
     (src / "a.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in _docs(7, 0)))
-    monkeypatch.setattr(tokenize, "ROW_GROUP_ROWS", 3)
-    files = tokenize.TokenizeFiles(
-        str(tmp_path / "tokenizer.json"), str(src), str(out), "text", False
-    )
+    monkeypatch.setattr(tokenize_io, "ROW_GROUP_ROWS", 3)
+    files = TokenizeFiles(str(tmp_path / "tokenizer.json"), str(src), str(out), "text", False)
     got = files._one(0, "a.jsonl")
     assert len(got["lengths"]) == 7 and not got["error"]
     md = pq.ParquetFile(out / "shard-00000.parquet").metadata

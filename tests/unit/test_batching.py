@@ -11,12 +11,11 @@ from hypothesis import strategies as st
 from pipeline.core.batching import greedy_sizes
 from pipeline.core.buckets import optimize
 from pipeline.core.collate import padded_length
-from pipeline.core.config import BatchingConfig, ConfigError, PlanConfig
+from pipeline.core.config import TEAM_EDGES, BatchingConfig, ConfigError, PlanConfig
 from pipeline.core.plan import epoch_plan
 from pipeline.core.synthetic import seed902k_lengths
 
 GRID = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-TEAM_EDGES = [0, 770, 1216, 1728, 2432, 3296, 8192]
 
 
 def _walk(p, counts, budget, round_to=1):

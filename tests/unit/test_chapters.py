@@ -8,7 +8,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.core.chapters import (
-    DEFAULT_CHAPTER_TOKENS,
     Chapter,
     chapter_bounds,
     chapter_of,
@@ -19,7 +18,8 @@ from pipeline.core.chapters import (
     row_group_of,
     step_tokens,
 )
-from pipeline.core.config import TEAM_EDGES, BatchingConfig, DataConfig
+from pipeline.core.config import TEAM_EDGES, BatchingConfig, DeliveryConfig
+from pipeline.core.deliveryconfig import DEFAULT_CHAPTER_TOKENS
 from pipeline.core.plan import epoch_plan
 from pipeline.core.ranges import lead_in_bounds
 from pipeline.core.synthetic import seed902k_lengths
@@ -138,7 +138,7 @@ def test_limits_and_steps_outside_the_epoch_are_refused():
 
 
 def test_default_chapters_of_the_902k_preset_fit_and_ignore_world_size():
-    default = DataConfig.model_fields["chapter_tokens"].default
+    default = DeliveryConfig.model_fields["chapter_tokens"].default
     assert default == DEFAULT_CHAPTER_TOKENS == 2**28
     lengths = seed902k_lengths()
     batching = BatchingConfig(token_budget=262_144, round_to=8, pad_to_multiple_of=64)

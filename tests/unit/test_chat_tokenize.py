@@ -9,12 +9,8 @@ import json
 import numpy as np
 import pytest
 
-from pipeline.data.tokenize import (
-    TokenizeError,
-    _conversations,
-    conversation_ids_and_mask,
-    resolve_tokenizer,
-)
+from pipeline.data.tokenize_chat import conversation_ids_and_mask, conversations
+from pipeline.data.tokenize_io import TokenizeError, resolve_tokenizer
 
 tokenizers = pytest.importorskip("tokenizers")
 transformers = pytest.importorskip("transformers")
@@ -60,7 +56,7 @@ def test_a_tokenizer_folder_or_a_bare_file_is_accepted(tmp_path):
 
 
 def test_loss_mask_covers_exactly_the_assistant_turns(tmp_path):
-    from pipeline.data.tokenize import load_chat_tokenizer
+    from pipeline.data.tokenize_chat import load_chat_tokenizer
 
     folder = save_tokenizer_folder(tmp_path / "tok")
     chat = load_chat_tokenizer(folder)
@@ -85,7 +81,7 @@ def test_bad_conversations_are_counted_with_their_reason():
         "",
         "{bad",
     ]
-    rows, convs, problems = _conversations("\n".join(lines).encode() + b"\n", "a.jsonl", "messages")
+    rows, convs, problems = conversations("\n".join(lines).encode() + b"\n", "a.jsonl", "messages")
     assert rows == [0] and convs == [CONV]
     reasons = {row: why for row, _, why in problems}
     assert reasons[1] == "no assistant message: nothing to train on"

@@ -147,9 +147,9 @@ def test_inert_or_contradictory_settings_are_errors_not_warnings(overrides, frag
             "run, nothing is quarantined): remove it, or set data.on_bad_rows=quarantine",
         ),
         (
-            ["data.row_cache=false", "data.row_cache_dir=/tmp/rows"],
-            "data.row_cache_dir has no effect with data.row_cache=false: remove it, or set "
-            "data.row_cache=true",
+            ["delivery.row_cache=false", "delivery.row_cache_dir=/tmp/rows"],
+            "delivery.row_cache_dir has no effect with delivery.row_cache=false: remove it, or set "
+            "delivery.row_cache=true",
         ),
     ],
 )
@@ -157,8 +157,10 @@ def test_a_data_location_that_nothing_writes_is_refused_naming_the_key(overrides
     assert fragment in error_of(*overrides)
     # the same location where it is used, and the modes left at their default null, are fine
     assert load("data.on_bad_rows=quarantine", "data.quarantine_path=/tmp/q.parquet")
-    assert load("data.row_cache_dir=/tmp/rows").data.row_cache
-    assert load("data.row_cache=false", "data.quarantine_path=null", "data.row_cache_dir=null")
+    assert load("delivery.row_cache_dir=/tmp/rows").delivery.row_cache
+    assert load(
+        "delivery.row_cache=false", "data.quarantine_path=null", "delivery.row_cache_dir=null"
+    )
 
 
 def test_sections_are_discriminated_variants():

@@ -84,7 +84,7 @@ def test_relative_paths_are_fine_outside_a_job_and_absolute_or_uri_inside(tmp_pa
     job = {SUBMITTED_JOB_ENV: "{}"}
     check_stable_paths(_absolute(tmp_path), job)
     check_stable_paths(_absolute(tmp_path, "checkpoint.storage_path=s3://bkt/runs"), job)
-    check_stable_paths(_absolute(tmp_path, "data.row_cache_dir=~/rows"), job)
+    check_stable_paths(_absolute(tmp_path, "delivery.row_cache_dir=~/rows"), job)
 
 
 # Every location a config can name: the fields marked PATH. A new location field joins the
@@ -93,7 +93,7 @@ LOCATIONS = {
     "data.path": "shards",
     "data.cache_dir": "idx",
     "data.quarantine_path": "q.parquet",
-    "data.row_cache_dir": "rows",
+    "delivery.row_cache_dir": "rows",
     "train.metrics_file": "m.jsonl",
     "train.record_sample_ids": "ids",
     "wandb.dir": "wandb",

@@ -67,8 +67,8 @@ def test_an_unfinished_tokenize_output_is_refused_naming_the_path(tmp_path):
 
 def test_an_unwritable_row_cache_dir_is_refused_before_ray(tmp_path):
     (tmp_path / "f").write_text("x")
-    cfg = tiny_config(tmp_path, data={"row_cache_dir": str(tmp_path / "f" / "rows")})
-    with pytest.raises(ConfigError, match=r"^data\.row_cache_dir="):
+    cfg = tiny_config(tmp_path, delivery={"row_cache_dir": str(tmp_path / "f" / "rows")})
+    with pytest.raises(ConfigError, match=r"^delivery\.row_cache_dir="):
         check_before_start(cfg)
 
 

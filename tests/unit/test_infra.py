@@ -493,7 +493,7 @@ def test_driver_feeder_and_row_cache_are_placed_on_the_data_node():
     assert "nvidia.com/gpu" not in c["resources"]["limits"], "the data node holds no GPU"
     # The row cache goes to a volume of its own on that node, sized from the corpus: 4 B per
     # token, and the fill keeps max(2 GiB, 5%) of the disk free.
-    rows = _rayjob_run_config().data.row_cache_dir
+    rows = _rayjob_run_config().delivery.row_cache_dir
     assert rows and rows.startswith("/"), rows
     vol = _volume(pod, rows, c)
     size = _bytes(vol["emptyDir"]["sizeLimit"])

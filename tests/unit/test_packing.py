@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.core.config import ConfigError
+from pipeline.core.config import TEAM_EDGES, ConfigError
 from pipeline.core.packing import (
     PackingSpec,
     best_fit_rows,
@@ -20,7 +20,6 @@ from pipeline.core.packing import (
 from pipeline.core.rows import check_world_size
 from pipeline.core.synthetic import seed902k_lengths
 
-TEAM_EDGES = [0, 770, 1216, 1728, 2432, 3296, 8192]
 LENGTHS = seed902k_lengths(20_000, seed=3)
 
 

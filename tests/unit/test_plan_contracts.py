@@ -8,12 +8,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.core.buckets import assign, optimize
-from pipeline.core.config import FixedBatching, PlanConfig, TokenBudgetBatching
+from pipeline.core.config import TEAM_EDGES, FixedBatching, PlanConfig, TokenBudgetBatching
 from pipeline.core.orders import megabatch_window
 from pipeline.core.plan import epoch_plan, global_batch_sizes, steps_per_epoch
 from pipeline.core.synthetic import seed902k_lengths
-
-TEAM_EDGES = [0, 770, 1216, 1728, 2432, 3296, 8192]
 
 
 @st.composite

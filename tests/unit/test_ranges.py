@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from pipeline.core.chapters import plan_chapter_bounds, step_tokens
-from pipeline.core.config import BatchingConfig, DataConfig, PlanConfig
+from pipeline.core.config import BatchingConfig, DeliveryConfig, PlanConfig
 from pipeline.core.plan import epoch_plan
 from pipeline.core.ranges import (
     EpochRanges,
@@ -35,8 +35,8 @@ def _plan(epoch: int = 0, world: int = 2):
     )
 
 
-def _data(**kw) -> DataConfig:
-    return DataConfig.model_validate({"path": "unused"} | kw)
+def _delivery(**kw) -> DeliveryConfig:
+    return DeliveryConfig.model_validate(kw)
 
 
 class _Planner:
@@ -52,11 +52,11 @@ class _Planner:
 
 def test_chapter_bounds_follow_the_config_limits():
     p = _plan()
-    data = _data(chapter_steps=7, chapter_tokens=20_000, lead_tokens=None)
-    b = chapter_bounds_for(p, data)
+    delivery = _delivery(chapter_steps=7, chapter_tokens=20_000, lead_tokens=None)
+    b = chapter_bounds_for(p, delivery)
     assert b.tolist() == plan_chapter_bounds(p, max_steps=7, max_tokens=20_000).tolist()
     assert b.size > 2 and (np.diff(b) <= 7).all()
-    assert chapter_bounds_for(p, _data(chapter_steps=None, chapter_tokens=None)).tolist() == [
+    assert chapter_bounds_for(p, _delivery(chapter_steps=None, chapter_tokens=None)).tolist() == [
         0,
         p.num_steps,
     ]
@@ -64,8 +64,8 @@ def test_chapter_bounds_follow_the_config_limits():
 
 def test_epoch_ranges_name_the_chapter_and_tell_a_lead_in_range():
     p = _plan()
-    er = EpochRanges.of(p, _data(chapter_steps=10, chapter_tokens=None))
-    assert er.bounds.tolist() == chapter_bounds_for(p, _data(chapter_steps=10)).tolist()
+    er = EpochRanges.of(p, _delivery(chapter_steps=10, chapter_tokens=None))
+    assert er.bounds.tolist() == chapter_bounds_for(p, _delivery(chapter_steps=10)).tolist()
     assert er.num_steps == p.num_steps and er.num_chapters == er.bounds.size - 1
     end0 = int(er.bounds[1])
     assert er.chapter_end(0) == end0 and er.chapter_of(end0) == 1
@@ -77,8 +77,8 @@ def test_epoch_ranges_name_the_chapter_and_tell_a_lead_in_range():
 
 
 def test_a_cold_start_leads_in_and_the_later_cuts_are_decided_with_it():
-    data = _data(chapter_steps=40, chapter_tokens=None, lead_tokens=500)
-    dec = RangeDecisions(_Planner(), data)
+    delivery = _delivery(chapter_steps=40, chapter_tokens=None, lead_tokens=500)
+    dec = RangeDecisions(_Planner(), delivery)
     er = dec.epoch(0, 2)
     cuts = er.lead_in(0, 500).tolist()
     assert len(cuts) > 2  # a lead-in of several ranges up to the chapter's end
@@ -95,14 +95,14 @@ def test_a_cold_start_leads_in_and_the_later_cuts_are_decided_with_it():
 
 
 def test_a_resume_leads_in_but_a_prefetch_or_a_given_end_does_not():
-    data = _data(chapter_steps=40, chapter_tokens=None, lead_tokens=500)
-    dec = RangeDecisions(_Planner(), data)
+    delivery = _delivery(chapter_steps=40, chapter_tokens=None, lead_tokens=500)
+    dec = RangeDecisions(_Planner(), delivery)
     er = dec.epoch(0, 2)
     s = 13  # mid-chapter, nothing decided: a resume
     assert dec.end_for(0, 2, s, None, may_lead=True) == er.lead_in(s, 500)[1]
-    fresh = RangeDecisions(_Planner(), data)
+    fresh = RangeDecisions(_Planner(), delivery)
     assert fresh.end_for(0, 2, s, None, may_lead=False) == er.chapter_end(s)  # prefetch
-    kept = RangeDecisions(_Planner(), data)
+    kept = RangeDecisions(_Planner(), delivery)
     assert kept.end_for(0, 2, s, s + 2, may_lead=True) == s + 2  # a worker asking again
     assert kept.end_for(0, 2, s, None, may_lead=True) == s + 2
     # the epoch's end serves nothing
@@ -110,14 +110,14 @@ def test_a_resume_leads_in_but_a_prefetch_or_a_given_end_does_not():
 
 
 def test_without_lead_tokens_every_range_is_a_chapter():
-    dec = RangeDecisions(_Planner(), _data(chapter_steps=40, lead_tokens=None))
+    dec = RangeDecisions(_Planner(), _delivery(chapter_steps=40, lead_tokens=None))
     er = dec.epoch(0, 1)
     assert dec.end_for(0, 1, 5, None, may_lead=True) == er.chapter_end(5)
 
 
 def test_two_epochs_are_remembered_and_an_older_ones_decisions_forgotten():
     planner = _Planner()
-    dec = RangeDecisions(planner, _data(chapter_steps=40, lead_tokens=500))
+    dec = RangeDecisions(planner, _delivery(chapter_steps=40, lead_tokens=500))
     end = dec.end_for(0, 2, 0, None, may_lead=True)
     dec.epoch(0, 2)
     dec.epoch(1, 2)
@@ -130,7 +130,7 @@ def test_two_epochs_are_remembered_and_an_older_ones_decisions_forgotten():
 
 def test_concurrent_requests_plan_an_epoch_once_and_agree_on_its_end():
     planner = _Planner()
-    dec = RangeDecisions(planner, _data(chapter_steps=40, lead_tokens=500))
+    dec = RangeDecisions(planner, _delivery(chapter_steps=40, lead_tokens=500))
     ends: list[int] = []
     threads = [
         threading.Thread(target=lambda: ends.append(dec.end_for(0, 4, 0, None, may_lead=True)))

@@ -130,7 +130,11 @@ def test_the_run_describes_its_row_cache_in_one_line(tmp_path):
     from pipeline.core.config import RunConfig
 
     cfg = RunConfig.model_validate(
-        {"data": {"path": "/d", "row_cache_dir": str(tmp_path)}, "model": {"vocab_size": 512}}
+        {
+            "data": {"path": "/d"},
+            "delivery": {"row_cache_dir": str(tmp_path)},
+            "model": {"vocab_size": 512},
+        }
     )
     cache = RowCache.for_run(cfg, _index())
     assert cache.root == str(tmp_path)
@@ -140,7 +144,7 @@ def test_the_run_describes_its_row_cache_in_one_line(tmp_path):
     cache.store(0, 0, np.array([0, 1, 2]), _rows_table([3, 1, 2]))
     cache.store(0, 1, np.array([0, 1]), _rows_table([4, 2]))
     assert ": 3 of 3 row groups" in cache.describe() and "the rest" not in cache.describe()
-    off = cfg.model_copy(update={"data": cfg.data.model_copy(update={"row_cache": False})})
+    off = cfg.model_copy(update={"delivery": cfg.delivery.model_copy(update={"row_cache": False})})
     assert RowCache.for_run(off, _index()) is None
 
 
@@ -229,7 +233,7 @@ def test_an_uncreatable_row_cache_dir_is_refused_naming_the_key(tmp_path):
     from pipeline.data.rowcache import check_row_cache_dir
 
     (tmp_path / "file").write_text("x")
-    with pytest.raises(ConfigError, match=r"^data\.row_cache_dir=.*file/rows: cannot create"):
+    with pytest.raises(ConfigError, match=r"^delivery\.row_cache_dir=.*file/rows: cannot create"):
         check_row_cache_dir(str(tmp_path / "file" / "rows"))
     check_row_cache_dir(str(tmp_path / "ok"))  # creatable: fine
     check_row_cache_dir(None)

@@ -35,6 +35,8 @@ def fresh_process(monkeypatch):
     """forward_warnings installs itself once per process: give it a process of its own."""
     loggers = [logging.getLogger(n) for n in rw.FORWARDED_LOGGERS]
     saved = [list(lg.handlers) for lg in loggers]
+    for lg in loggers:  # an earlier test of this process may have installed its own forwarding
+        lg.handlers[:] = [h for h in lg.handlers if not isinstance(h, rw._Forward)]
     monkeypatch.setattr(rw, "_INSTALLED", [])
     monkeypatch.setattr(rw, "_TARGET", rw._Target())
     monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)

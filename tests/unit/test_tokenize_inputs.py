@@ -10,13 +10,9 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.data.tokenize import (
-    TokenizeError,
-    TokenizeFiles,
-    list_inputs,
-    skipped_inputs,
-    tokenize_dataset,
-)
+from pipeline.data.tokenize import tokenize_dataset
+from pipeline.data.tokenize_io import TokenizeError, list_inputs, skipped_inputs
+from pipeline.data.tokenize_text import TokenizeFiles
 
 tokenizers = pytest.importorskip("tokenizers")
 

@@ -14,7 +14,8 @@ from pipeline.core.config import RunConfig
 from pipeline.data.rechunk import MicroBatch
 from pipeline.learn.checkpoint import load_checkpoint
 from pipeline.train.history import EvalHistory, StepHistory
-from pipeline.train.trainer import RunSpec, Trainer
+from pipeline.train.runspec import RunSpec
+from pipeline.train.trainer import Trainer
 
 STEPS = 6  # global steps per epoch; bucket = step % 2
 EDGES = [0, 16, 32]

@@ -1,0 +1,56 @@
+"""A small parquet corpus and the run config that reads it, for the delivery tests: shards of
+random tokens written with pyarrow (`write_corpus`), three buckets under a 256-token budget
+(`base_cfg`)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.core.config import RunConfig
+
+__all__ = ["EDGES", "VOCAB", "base_cfg", "write_corpus"]
+
+EDGES = [0, 16, 32, 64]
+VOCAB = 100
+
+
+def write_corpus(
+    path, lengths, *, seed=0, shards=3, rows_per_group=200, sample_ids=None, extra=None
+):
+    """Shards with random tokens; returns {sample_id: tokens}. `extra(i, tokens)` adds columns."""
+    rng = np.random.default_rng(seed)
+    os.makedirs(path, exist_ok=True)
+    n = len(lengths)
+    ids = np.arange(n, dtype=np.int64) * 7 + 3 if sample_ids is None else sample_ids
+    order = rng.permutation(n)  # files hold samples in no particular order
+    tokens = {
+        int(ids[i]): rng.integers(0, VOCAB, int(lengths[i])).astype(np.int32) for i in range(n)
+    }
+    for s, part in enumerate(np.array_split(order, shards)):
+        cols = {
+            "sample_id": pa.array(ids[part]),
+            "input_ids": pa.array([tokens[int(ids[i])] for i in part], pa.list_(pa.int32())),
+        }
+        if extra:
+            cols.update(extra([int(ids[i]) for i in part], tokens))
+        pq.write_table(
+            pa.table(cols), os.path.join(path, f"part-{s}.parquet"), row_group_size=rows_per_group
+        )
+    return tokens
+
+
+def base_cfg(path, **over):
+    """The corpus at `path` under EDGES and a 256-token budget; each keyword updates a section."""
+    raw = {
+        "data": {"path": str(path)},
+        "buckets": {"edges": EDGES},
+        "batching": {"token_budget": 256},
+        "model": {"vocab_size": VOCAB},
+    }
+    for k, v in over.items():
+        raw.setdefault(k, {}).update(v)
+    return RunConfig.model_validate(raw)
