@@ -38,6 +38,7 @@ __all__ = [
     "order_score",
     "plan_score",
     "compare_policies",
+    "auto_details",
     "auto_search",
 ]
 
@@ -226,6 +227,30 @@ def compare_policies(
     return scores
 
 
+def auto_details(
+    lengths: np.ndarray,
+    edges: list[int],
+    batching: Batching,
+    *,
+    target: float,
+    world_size: int = 1,
+    plan: PlanConfig | None = None,
+    table: EdgeTable | None = None,
+) -> AutoResult:
+    """What the `auto` edges a run resolved (`pipeline.core.epochs.resolve_edges`) reach: their K,
+    their simulated efficiency and, since efficiency is only near-monotone in K, the efficiency
+    at K - 1 (a value at or above the target there would expose a wiggle the search stepped
+    over)."""
+    plan_cfg = plan or PlanConfig()
+    k = len(edges) - 1
+    eff = simulated_efficiency(lengths, edges, batching, plan_cfg, world_size)
+    below = None
+    if k > 1:
+        table = table if table is not None and max(table.edges) >= k else optimize_all(lengths, k)
+        below = simulated_efficiency(lengths, table.for_k(k - 1), batching, plan_cfg, world_size)
+    return AutoResult(k, list(edges), eff, target, eff >= target, below)
+
+
 def auto_search(
     lengths: np.ndarray,
     batching: Batching,
@@ -238,22 +263,13 @@ def auto_search(
     table: EdgeTable | None = None,
     max_floor: float | None = None,
 ) -> AutoResult:
-    """The K that `buckets.num_buckets: auto` gives training, with the efficiencies behind it.
-
-    The choice itself is `pipeline.core.epochs.auto_edges` (one `optimize_all` run, then a doubling
-    and bisection search over K, each candidate scored on a real epoch-0 plan), so the report
-    shows exactly what a run would use. Efficiency is only near-monotone in K, so the result
-    also carries the efficiency at K - 1: a value at or above the target there would expose a
-    wiggle the search stepped over.
-    """
+    """The K that `buckets.num_buckets: auto` gives training (`pipeline.core.epochs.auto_edges`,
+    a doubling and bisection search over K, each candidate scored on a real epoch-0 plan), with
+    `auto_details`."""
     plan_cfg = (plan or PlanConfig()).model_copy(update={"seed": seed})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a missed target is reported in the result instead
         edges = auto_edges(lengths, batching, plan_cfg, target, max_k, world_size, max_floor)
-    k = len(edges) - 1
-    eff = simulated_efficiency(lengths, edges, batching, plan_cfg, world_size)
-    below = None
-    if k > 1:
-        table = table if table is not None and max(table.edges) >= k else optimize_all(lengths, k)
-        below = simulated_efficiency(lengths, table.for_k(k - 1), batching, plan_cfg, world_size)
-    return AutoResult(k, edges, eff, target, eff >= target, below)
+    return auto_details(
+        lengths, edges, batching, target=target, world_size=world_size, plan=plan_cfg, table=table
+    )

@@ -286,11 +286,11 @@ def _bad_npy(tmp_path: Path, name: str, array) -> Path:
     [
         (
             lambda t: ["--preset", "seed902k", "--num-samples", 100, "--edges", "0,500,300"],
-            "--edges must be strictly increasing",
+            "buckets.edges must be strictly increasing",
         ),
         (
             lambda t: ["--preset", "seed902k", "--num-samples", 100, "--edges", "10,500"],
-            "--edges must start at 0",
+            "buckets.edges must start at 0",
         ),
         (
             lambda t: ["--preset", "seed902k", "--num-samples", 2000, "--edges", "0,500,1000"],
@@ -304,16 +304,20 @@ def _bad_npy(tmp_path: Path, name: str, array) -> Path:
         ),
         (lambda t: ["--lengths-npy", _bad_npy(t, "z.npy", np.array([3, 0, 5]))], "length < 1"),
         (
-            lambda t: ["--preset", "seed902k", "--num-samples", 100, "--num-buckets", 0],
-            "--num-buckets",
-        ),
-        (
             lambda t: ["--preset", "seed902k", "--num-samples", 100, "--num-buckets", 65],
-            "--max-buckets",
+            "buckets.num_buckets=65 exceeds buckets.max_buckets=64",
         ),
         (
             lambda t: ["--preset", "seed902k", "--num-samples", 100, "--target-efficiency", 1.5],
-            "--target-efficiency",
+            "buckets.target_efficiency: Input should be less than or equal to 1, got 1.5",
+        ),
+        (
+            lambda t: ["--preset", "seed902k", "--num-samples", 100, "--token-budget", 100],
+            "batching.token_budget=100 is below data.max_length=8192",
+        ),
+        (
+            lambda t: ["--preset", "seed902k", "--num-samples", 100, "--set", "plan.sed=1"],
+            "plan.sed",
         ),
     ],
 )
@@ -328,6 +332,7 @@ def test_cli_errors_are_one_line_with_the_fix_and_exit_2(tmp_path, capsys, make_
     "argv, needle",
     [
         (["--num-buckets", "many"], "--num-buckets"),
+        (["--num-buckets", "0"], "argument --num-buckets: expected an integer >= 1 or 'auto'"),
         (["--batch-size", "0"], "argument --batch-size: must be >= 1, got 0"),
         (["--world-size", "0"], "argument --world-size: must be >= 1, got 0"),
         (["--num-samples", "-5"], "argument --num-samples: must be >= 1, got -5"),
