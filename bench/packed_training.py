@@ -25,16 +25,12 @@ Four measurements, all in one process on one machine, so their ratios compare li
    +-10% between rounds.
 4. The on-paper table and the time to pack an epoch of the 902K preset (`bench.packing`).
 
-    python -m bench.packed_training --out out/bench-packed [--num-samples 2000]
+    python -m bench.packed_training --out benchmarks/packed.json [--quick]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import shlex
 import statistics
-import sys
 import time
 import uuid
 from contextlib import contextmanager
@@ -42,9 +38,10 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.common import run_script
 from bench.packing import packing_table
 from bench.quality import loss_readability
-from bench.training import (
+from bench.runs import (
     WARMUP_STEPS,
     load1,
     median_of,
@@ -52,22 +49,20 @@ from bench.training import (
     round_ratios,
     run_overrides,
     run_summary,
-    scaled_lengths,
     timed_run,
 )
+from bench.training import scaled_lengths
 from pipeline.core.config import load_config
 
 __all__ = [
     "VARIANTS",
     "aggregate_variant",
-    "load1",
-    "measure_packed_rows",
+    "main",
     "measure_packed_training",
     "measure_plan_compute",
     "measure_plan_kernel",
     "measure_step_kernel",
     "run_figures",
-    "section_packed_rows",
     "shared_overrides",
     "step_medians",
     "variant_overrides",
@@ -517,78 +512,40 @@ def measure_plan_compute(work_dir: str | Path, training: dict, *, every: int = 2
     )
 
 
-def measure_packed_rows(
-    work_dir: str | Path,
-    *,
-    num_samples: int = 6000,
-    repeats: int = 1,
-    preset_samples: int | None = None,
-    kernel_tokens: int = 16384,
-    plan_every: int = 2,
-    config: str = DEMO_CONFIG,
-    log=print,
-) -> dict:
-    """Every measurement of the module docstring; what the "Packed rows" section renders."""
-    import datetime as dt
-
+def measure(args, log) -> dict:
+    """Every measurement of the module docstring (`--quick`: a smoke scale)."""
     from pipeline.core.synthetic import PRESETS, seed902k_lengths
 
-    out: dict = {
-        "date_utc": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "load_before": load1(),
-    }
-    log("packed rows: the on-paper table and the time to pack an epoch")
-    n = preset_samples or PRESETS["seed902k"]
-    out["paper"] = packing_table(seed902k_lengths(n))
-    log(f"packed rows: packing {n:,} samples took {out['paper']['pack_epoch_s']:.2f} s")
-    log("packed rows: forward + backward, padded against packed")
-    out["kernel"] = measure_step_kernel(config=config, tokens=kernel_tokens)
-    log(f"packed rows: step kernel packed / padded {out['kernel']['packed_vs_padded']:.2f}x")
-    log("packed rows: same-run training")
+    quick = args.quick
+    log("the on-paper table and the time to pack an epoch")
+    n = args.preset_samples or (50_000 if quick else PRESETS["seed902k"])
+    out = {"paper": packing_table(seed902k_lengths(n))}
+    log(f"packing {n:,} samples took {out['paper']['pack_epoch_s']:.2f} s")
+    log("forward + backward, padded against packed")
+    out["kernel"] = measure_step_kernel(tokens=4096 if quick else 16384)
+    log(f"step kernel packed / padded {out['kernel']['packed_vs_padded']:.2f}x")
+    log("same-run training")
     out["training"] = measure_packed_training(
-        work_dir, num_samples=num_samples, repeats=repeats, config=config, log=log
-    )
-    log("packed rows: the training plans' compute, variants interleaved")
-    out["plan_kernel"] = measure_plan_compute(work_dir, out["training"], every=plan_every)
-    pk = out["plan_kernel"]["variants"]
-    log(
-        "packed rows: training plans' compute, packed / sorted-static "
-        f"{pk['packed']['vs_sorted']:.3f}x"
-    )
-    out["load_after"] = load1()
-    return out
-
-
-def section_packed_rows(opts, log=print) -> dict:
-    """The "Packed rows" section of `make bench` at a `bench.suite.SuiteOptions` scale."""
-    return measure_packed_rows(
-        Path(opts.work_dir) / "packed",
-        num_samples=opts.packed_samples,
-        repeats=opts.packed_repeats,
-        preset_samples=opts.samples,
-        kernel_tokens=4096 if opts.quick else 16384,
-        plan_every=8 if opts.quick else 2,
+        args.work,
+        num_samples=600 if quick else args.num_samples,
+        repeats=1 if quick else args.repeats,
         log=log,
     )
+    log("the training plans' compute, variants interleaved")
+    out["plan_kernel"] = measure_plan_compute(args.work, out["training"], every=8 if quick else 2)
+    pk = out["plan_kernel"]["variants"]["packed"]["vs_sorted"]
+    log(f"training plans' compute, packed / sorted-static {pk:.3f}x")
+    return {"packed": out}
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m bench.packed_training", description=__doc__)
-    p.add_argument("--out", default="out/bench-packed", help="results.json goes here")
-    p.add_argument("--work", default="out/bench-packed/work", help="corpus, index, runs")
-    p.add_argument("--num-samples", type=int, default=6000, help="training corpus size")
-    p.add_argument("--repeats", type=int, default=1, help="training rounds")
-    p.add_argument("--preset-samples", type=int, help="paper table on this many (default 902,087)")
-    a = p.parse_args(argv)
-    r = measure_packed_rows(
-        a.work, num_samples=a.num_samples, repeats=a.repeats, preset_samples=a.preset_samples
-    )
-    args = sys.argv[1:] if argv is None else argv
-    r["command"] = shlex.join(["python", "-m", "bench.packed_training", *args])
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(r, indent=1))
-    return r
+    def add_args(p):
+        p.add_argument("--work", default="out/bench-packed", help="corpus, index, runs")
+        p.add_argument("--num-samples", type=int, default=6000, help="training corpus size")
+        p.add_argument("--repeats", type=int, default=3, help="training rounds")
+        p.add_argument("--preset-samples", type=int, help="paper table on this many (902,087)")
+
+    return run_script("bench.packed_training", __doc__, measure, add_args, argv)
 
 
 if __name__ == "__main__":

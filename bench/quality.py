@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from pipeline.core.config import Batching, PlanConfig
+from pipeline.core.config import Batching, BatchingConfig, PlanConfig
 from pipeline.core.metrics import (
     BucketLossTracker,
     batch_recomposition,
@@ -28,6 +28,7 @@ __all__ = [
     "repeated_pair_share",
     "expected_recomposition",
     "recomposition_table",
+    "recomposition_section",
     "loss_readability",
 ]
 
@@ -141,6 +142,27 @@ def recomposition_table(
         }
         rows.insert(2, mb)
     return rows
+
+
+def recomposition_section(lengths: np.ndarray, batchings: dict) -> dict:
+    """Recomposition and switch rate of the team's edges, optimal K=32 and auto, under each
+    batching of a `padding.padding_table` (its `batchings` block)."""
+    out: dict = {"samples": int(np.asarray(lengths).size), "recomposition": {}}
+    for name, block in batchings.items():
+        edge_sets = {
+            p["name"]: p["edges"]
+            for p in block["policies"]
+            if p["edges"] is not None and p["name"] in ("edges:team", "optimal:32", "optimal:auto")
+        }
+        b = BatchingConfig(**block["batching"])
+        rows = recomposition_table(lengths, edge_sets, b)
+        label = (
+            f"micro-batch {b.batch_size}"
+            if b.mode == "fixed"
+            else f"token budget {b.token_budget:,}"
+        )
+        out["recomposition"][name] = {"label": label, "auto_k": block["auto"]["k"], "rows": rows}
+    return out
 
 
 def loss_readability(curves: dict, skip: int = 0) -> dict:

@@ -25,7 +25,7 @@ RUNTIME = (
     "jobs.plan_buckets",  # the report draws its PNGs with matplotlib imported when drawing
 )
 # The commands that measure the library: the only modules of jobs/ that may import bench.
-BENCHMARK_COMMANDS = {"jobs/benchmark.py", "jobs/bench_data.py", "jobs/sizing.py"}
+BENCHMARK_COMMANDS = {"jobs/bench_data.py", "jobs/sizing.py"}
 
 
 def _imported_roots(path: Path) -> set[str]:
