@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.common import loadavg
+
 __all__ = [
     "WARMUP_STEPS",
     "load1",
@@ -62,10 +64,7 @@ def run_summary(records: list[dict], warmup: int = WARMUP_STEPS) -> dict:
 
 def load1() -> float | None:
     """The 1-minute load average (the machine is shared: reported beside every figure)."""
-    try:
-        return float(Path("/proc/loadavg").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
+    return next(iter(loadavg()), None)
 
 
 def read_metric_lines(path: Path) -> list[dict]:

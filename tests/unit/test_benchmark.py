@@ -12,7 +12,6 @@ from bench import padding as padding_bench
 from bench.common import machine_info
 from bench.padding import BATCHINGS, padding_table, planning_costs
 from bench.quality import (
-    expected_recomposition,
     loss_readability,
     recomposition_section,
     recomposition_table,
@@ -22,6 +21,7 @@ from bench.runs import run_summary
 from bench.training import POLICIES, gpu_row, policy_overrides, scaled_edges, scaled_lengths
 from pipeline.core.buckets import assign
 from pipeline.core.config import TEAM_EDGES, BatchingConfig, PlanConfig, load_config
+from pipeline.core.frontier import recomposition_floor
 from pipeline.core.plan import epoch_plan
 from pipeline.core.synthetic import seed902k_lengths
 
@@ -78,7 +78,7 @@ def test_chance_floor_predicts_a_fresh_shuffle(seed):
     ]
     (_, o0), (_, o1) = (p.micro_batch_lengths() for p in plans)
     measured = batch_recomposition(plans[0].sample_ids, o0, plans[1].sample_ids, o1)
-    assert measured == pytest.approx(expected_recomposition(plans[1]), abs=0.06)
+    assert measured == pytest.approx(recomposition_floor(plans[1]), abs=0.06)
 
 
 def test_recomposition_table_sorted_repeats_everything_random_almost_nothing(lengths):

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from bench import table_blocks as tb
+from bench.kernels import _plan_micro_batches
 from bench.packed_training import (
     DEMO_CONFIG,
     ROW_LENGTHS,
     VARIANTS,
-    _plan_micro_batches,
     aggregate_variant,
     measure_plan_kernel,
     measure_step_kernel,

@@ -17,7 +17,13 @@ from hypothesis import strategies as st
 from jobs.plan_buckets import main
 from pipeline.core import epochs
 from pipeline.core.buckets import optimize_all
-from pipeline.core.config import TEAM_EDGES, FixedBatching, TokenBudgetBatching, load_config
+from pipeline.core.config import (
+    DEFAULT_TOKEN_BUDGET,
+    TEAM_EDGES,
+    FixedBatching,
+    TokenBudgetBatching,
+    load_config,
+)
 from pipeline.core.metrics import truncation_counts
 from pipeline.core.plan import epoch_plan
 from pipeline.core.synthetic import seed902k_lengths
@@ -40,7 +46,9 @@ def lengths50k() -> np.ndarray:
 
 
 @pytest.mark.parametrize(
-    "batching", [FIXED32, TokenBudgetBatching(token_budget=65_536)], ids=["B32", "T64K"]
+    "batching",
+    [FIXED32, TokenBudgetBatching(token_budget=DEFAULT_TOKEN_BUDGET)],
+    ids=["B32", "T64K"],
 )
 def test_sorted_is_the_max_random_the_min_and_more_buckets_help(lengths50k, batching):
     table = optimize_all(lengths50k, 32)
@@ -138,8 +146,18 @@ def test_megabatch_default_window_is_hf_mult_and_longest_sample_comes_first():
 
 def test_non_bucketed_batch_fits_the_worst_case_under_the_token_budget():
     lengths = np.array([10, 500, 4000])
-    assert fixed_batch_size(lengths, TokenBudgetBatching(token_budget=65_536, round_to=1)) == 16
-    assert fixed_batch_size(lengths, TokenBudgetBatching(token_budget=65_536, round_to=8)) == 16
+    assert (
+        fixed_batch_size(
+            lengths, TokenBudgetBatching(token_budget=DEFAULT_TOKEN_BUDGET, round_to=1)
+        )
+        == 16
+    )
+    assert (
+        fixed_batch_size(
+            lengths, TokenBudgetBatching(token_budget=DEFAULT_TOKEN_BUDGET, round_to=8)
+        )
+        == 16
+    )
     assert fixed_batch_size(lengths, FIXED32) == 32
 
 
