@@ -254,7 +254,7 @@ def run_configs(args, lengths: np.ndarray | None) -> tuple[RunConfig, RunConfig 
             batching |= {"mode": "fixed", "batch_size": args.batch_size}
         else:
             batching |= {"mode": "token_budget", "token_budget": args.token_budget}
-            batching |= {k: getattr(args, k) for k in PADDED if getattr(args, k) is not None}
+        batching |= {k: getattr(args, k) for k in PADDED}  # with --batch-size: refused
         batching = {k: v for k, v in batching.items() if v is not None}
         padded = validate(padded.model_dump() | {"batching": batching})
     return padded, packed
