@@ -229,7 +229,9 @@ def gpu(r: dict) -> str:
 
 
 def training_budget(r: dict) -> str:
-    tb = r["training"]["training"]["token_budget"]
+    tb = r["training"]["training"].get("token_budget")
+    if tb is None:  # a --quick run leaves it out
+        return columns("policy=policy", [{"policy": "not measured"}])
     budget = tb["batching"]["token_budget"]
     return columns(
         f"policy=policy | K=num_buckets | steps=steps | epoch in budgets of {budget:,}="

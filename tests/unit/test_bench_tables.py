@@ -97,3 +97,9 @@ def test_the_first_steps_table_without_the_row_cache_says_off(results):
 
 def test_a_figure_missing_from_the_json_renders_as_not_available():
     assert tb.columns("a=x.y:.2f | b=z/1e3:.1f", [{"x": {}, "z": 2500}]).endswith("| n/a | 2.5 |")
+
+
+def test_a_quick_run_without_the_token_budget_round_renders_not_measured(results):
+    r = copy.deepcopy(results)
+    del r["training"]["training"]["token_budget"]
+    assert tb.training_budget(r).splitlines()[2] == "| not measured |"
