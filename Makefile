@@ -3,7 +3,7 @@ PY      := .venv/bin/python
 STAMP   := .venv/.installed
 CONFIG  ?= configs/local.yaml
 
-.PHONY: setup demo test test-slow test-all bench bench-sizing lint report gpu-smoke clean
+.PHONY: setup demo test test-slow test-all bench bench-render bench-outcome bench-sizing lint report gpu-smoke clean
 
 setup: $(STAMP)
 
@@ -28,11 +28,25 @@ test-slow: $(STAMP)
 ## Everything: the default suite, then the slow one.
 test-all: test test-slow
 
-## Benchmarks: writes BENCHMARKS.md, benchmarks/results.json, plots and the README headline,
-## then the feeder's sizing (benchmarks/sizing.json; SIZING_9M=1 adds the 9M-sample corpus).
+## Benchmarks: each question's script writes benchmarks/<question>.json and its plots (hours on
+## 2 cores, Ray for training, packed rows and delivery), then bench-render writes BENCHMARKS.md's
+## tables and the README's headline from that JSON; then the feeder's sizing.
+BENCH_QUESTIONS := padding training packed_training delivery
 bench: $(STAMP)
-	WANDB_MODE=disabled $(PY) -m jobs.benchmark --out BENCHMARKS.md --readme README.md
+	for q in $(BENCH_QUESTIONS); do \
+		WANDB_MODE=disabled $(PY) -m bench.$$q --out benchmarks/$$q.json || exit 1; \
+	done
+	$(MAKE) bench-render
 	$(MAKE) bench-sizing
+
+## BENCHMARKS.md's tables and the README's headline block from benchmarks/*.json (seconds, no run).
+bench-render: $(STAMP)
+	$(PY) -m bench.tables --md BENCHMARKS.md --readme README.md
+
+## Held-out loss per batching policy (hours on 2 cores), then its tables, plot and README block.
+bench-outcome: $(STAMP)
+	WANDB_MODE=disabled $(PY) -m bench.outcome --out benchmarks/outcome.json
+	$(PY) -m bench.outcome_render --json benchmarks/outcome.json --md BENCHMARKS.md --png benchmarks/outcome.png --readme README.md
 
 ## How far one feeder goes: 0.9M and 2M samples (minutes each), 9M with SIZING_9M=1 (43 GB of row cache plus the corpus).
 bench-sizing: $(STAMP)

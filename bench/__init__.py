@@ -1,11 +1,9 @@
-"""`make bench`: padding, training throughput, training-signal quality and delivery, in one run.
-
-One module per section (`padding`, `training`, `quality`, delivery via `bench.delivery`),
-`suite` to run them, `render` and `plots` to turn the results dict into BENCHMARKS.md and PNGs.
-The offline analysis behind `jobs.plan_buckets` lives here too: `report` (the bucket report),
-`policies` (the batching policies it scores), `peers` (other libraries' samplers simulated),
-`hf_peers` (Hugging Face's own samplers), `report_text` and `report_plot`.
+"""The benchmarks: one script per question, each writing `benchmarks/<question>.json` and its
+plots (`python -m bench.padding`, `training`, `packed_training`, `delivery`, `outcome`,
+`eval_modes`), their shared plumbing (`common`: command line, machine, JSON; `runs`: a training
+run's figures; `probes`: memory probes) and `tables`, which writes BENCHMARKS.md's tables and the
+README's headline block from that JSON (`make bench-render`).
 
 A package beside `pipeline`, not inside it: the runtime never imports it (a test checks that),
-and only `jobs` and the tests do.
+and of `jobs` only the benchmark commands (`bench_data`, `sizing`) do.
 """

@@ -1,4 +1,6 @@
-"""Delivery benchmark: epoch preparation time and padded tokens/s per consumer, against a baseline.
+"""Delivery: epoch preparation time and padded tokens/s per consumer, against a baseline.
+
+    python -m bench.delivery --out benchmarks/delivery.json [--quick]
 
 The Ray path is the one training uses: length index (cold and cached), edges, the feeder's
 plan-keyed sort and split, then `consumers` Ray tasks (one CPU each) iterating `rank_batches` to
@@ -12,21 +14,24 @@ from __future__ import annotations
 import os
 import statistics
 import tempfile
-import threading
 import time
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.core.config import RunConfig
+from bench.common import run_script
+from bench.probes import RssPeak, StorePeak
+from pipeline.core.config import DEFAULT_TOKEN_BUDGET, RunConfig
+from pipeline.core.deliveryconfig import DeliveryConfig
 from pipeline.core.epochs import epoch_plan_for, resolve_edges
+from pipeline.core.synthetic import PRESETS
 from pipeline.data import deliver, rank_batches, start_feeder, stop_feeder
 from pipeline.data.connect import connect
 from pipeline.data.corpus import write_corpus
 from pipeline.data.index import build_length_index, filesystem_for, list_shards
 
-__all__ = ["measure_delivery", "baseline_delivery", "measure_chapters", "StorePeak", "RssPeak"]
+__all__ = ["baseline_delivery", "main", "measure_chapters", "measure_delivery"]
 
 
 def _consume(name: str, epoch: int, rank: int, world: int) -> dict:
@@ -132,7 +137,7 @@ def measure_delivery(
     vocab_size: int = 512,
     repeats: int = 3,
     data_dir: str | None = None,
-    token_budget: int = 65_536,
+    token_budget: int = DEFAULT_TOKEN_BUDGET,
     seed: int = 0,
     address: str = "local",
 ) -> dict:
@@ -205,9 +210,6 @@ def measure_delivery(
     }
 
 
-# --------------------------------------------------------------------------- chapters
-
-
 def _consume_timed(name: str, epoch: int, rank: int, world: int) -> dict:
     """Like `_consume`, with the wall-clock time of the first and the last micro-batch."""
     real = batches = 0
@@ -219,94 +221,6 @@ def _consume_timed(name: str, epoch: int, rank: int, world: int) -> dict:
     return {"first": first, "end": time.time(), "real": real, "batches": batches}
 
 
-class StorePeak:
-    """Polls the object store's bytes in use (all nodes) in a thread; `peak` above the start.
-
-    Reads the raylets' store stats through `ray._private.internal_api`, the call behind
-    `ray memory --stats-only`: Ray has no public API for bytes in use. Kept to this benchmark.
-    """
-
-    def __init__(self, every_s: float = 0.25):
-        import threading
-
-        import ray
-        from ray._private.internal_api import get_state_from_address
-
-        self._state = get_state_from_address(ray.get_runtime_context().gcs_address)
-        self.every_s, self.peak, self.spilled = every_s, 0, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _stats(self):
-        from ray._private.internal_api import get_memory_info_reply
-
-        return get_memory_info_reply(self._state).store_stats
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.every_s):
-            st = self._stats()
-            self.peak = max(self.peak, int(st.object_store_bytes_used) - self.base)
-            self.spilled = int(st.spilled_bytes_total) - self.base_spilled
-
-    def __enter__(self):
-        # Objects of an earlier run are freed asynchronously: wait for the level to settle.
-        last, steady = -1, 0
-        for _ in range(120):
-            used = int(self._stats().object_store_bytes_used)
-            steady = steady + 1 if used == last else 0
-            if steady >= 4:
-                break
-            last = used
-            time.sleep(self.every_s)
-        st = self._stats()
-        self.base, self.base_spilled = int(st.object_store_bytes_used), int(st.spilled_bytes_total)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-
-
-def _rss(pid: int) -> tuple[int, int]:
-    """(resident bytes, of which private: RssAnon) of process `pid` (Linux /proc); zeros once
-    it has ended. The rest is shared: the object store's pages it touched, files it mapped."""
-    got = {"VmRSS:": 0, "RssAnon:": 0}
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                k = line.split(maxsplit=1)[0] if line.strip() else ""
-                if k in got:
-                    got[k] = int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return got["VmRSS:"], got["RssAnon:"]
-
-
-class RssPeak:
-    """Polls the peak RSS of some processes (by pid) in a thread; `anon` holds the peaks of
-    their private memory."""
-
-    def __init__(self, pids: list[int], every_s: float = 0.25):
-        self.pids, self.peak, self.anon = pids, [0] * len(pids), [0] * len(pids)
-        self.every_s, self._stop = every_s, threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            for i, pid in enumerate(self.pids):
-                rss, anon = _rss(pid)
-                self.peak[i], self.anon[i] = max(self.peak[i], rss), max(self.anon[i], anon)
-            if self._stop.wait(self.every_s):
-                return
-
-    def close(self) -> list[int]:
-        self._stop.set()
-        self._thread.join()
-        return self.peak
-
-
 def measure_chapters(
     num_samples: int = 100_000,
     consumers: int = 2,
@@ -314,7 +228,7 @@ def measure_chapters(
     *,
     shards: int = 8,
     vocab_size: int = 512,
-    token_budget: int = 65_536,
+    token_budget: int = DEFAULT_TOKEN_BUDGET,
     data_dir: str | None = None,
 ) -> list[dict]:
     """One cold epoch per chapter size (None: the whole epoch in one), as training runs it: the
@@ -385,3 +299,80 @@ def measure_chapters(
                 }
             )
     return out
+
+
+def _shards(n: int) -> int:
+    """Shards of the bench corpus of `n` samples: ~28K samples per shard from the preset's
+    size up, as its 32 shards hold; 8 below."""
+    big = n >= PRESETS["seed902k"]
+    return 32 * max(1, round(n / PRESETS["seed902k"])) if big else 8
+
+
+def _corpus(n: int) -> str:
+    return f"data/bench/seed902k-{n}-{_shards(n)}"
+
+
+def measure(args, log) -> dict:
+    """The delivery rates, one cold epoch whole and in chapters, and the time to the first step
+    cold and after a restart (`bench.first_step`), at the sizes the flags give."""
+    from bench.first_step import measure_first_steps
+
+    quick = args.quick
+    runs = {}
+    for n in [5_000] if quick else args.samples:
+        full = n >= PRESETS["seed902k"]
+        repeats = 1 if full or quick else 3
+        log(f"{n:,} samples in {_shards(n)} shards, 2 consumers, {repeats} epochs")
+        t = time.perf_counter()
+        r = measure_delivery(n, 2, shards=_shards(n), repeats=repeats, data_dir=_corpus(n))
+        if not full:
+            log(f"{n:,} samples, one cold epoch whole and one in chapters")
+            ct = 2**20 if quick else 2**25
+            r["chapters"] = measure_chapters(
+                n, 2, (None, ct), shards=_shards(n), data_dir=_corpus(n)
+            )
+        runs[str(n)] = r | {"wall_s": time.perf_counter() - t}
+    chapters = []
+    default = DeliveryConfig.model_fields["chapter_tokens"].default
+    for n in [] if quick else args.chapter_samples:
+        log(f"{n:,} samples, one cold epoch whole and one in default chapters")
+        rows = measure_chapters(n, 2, (None, default), shards=_shards(n), data_dir=_corpus(n))
+        chapters += [c | {"num_samples": n} for c in rows]
+    first_steps = []
+    small = {"chapter_tokens": 2**21, "lead_tokens": 2**15} if quick else {}
+    for n in [5_000] if quick else args.first_step_samples:
+        log(f"{n:,} samples, time to the first step cold and after a restart")
+        t = time.perf_counter()
+        # above the preset's size: one start on the empty row cache and one on the filled cache
+        repeats = 2 if quick or n > PRESETS["seed902k"] else 3
+        r = measure_first_steps(
+            n, 2, shards=_shards(n), chapters=2, repeats=repeats, delivery=small,
+            data_dir=_corpus(n),
+        )  # fmt: skip
+        first_steps.append(r | {"wall_s": time.perf_counter() - t})
+    import ray
+
+    ray.shutdown()
+    return {"delivery": {"runs": runs, "chapters": chapters, "first_steps": first_steps}}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    def sizes(text: str) -> list[int]:
+        return [int(x) for x in text.split(",")]
+
+    def add_args(p):
+        p.add_argument("--samples", type=sizes, default=[100_000], help="delivery rates at")
+        p.add_argument(
+            "--chapter-samples", type=sizes, default=[PRESETS["seed902k"]],
+            help="one cold epoch whole and in default chapters at",
+        )  # fmt: skip
+        p.add_argument(
+            "--first-step-samples", type=sizes, default=[100_000, PRESETS["seed902k"], 2_000_000],
+            help="time to the first step at",
+        )  # fmt: skip
+
+    return run_script("bench.delivery", __doc__, measure, add_args, argv)
+
+
+if __name__ == "__main__":
+    main()

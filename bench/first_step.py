@@ -28,9 +28,9 @@ import time
 
 import numpy as np
 
-from bench.delivery import RssPeak, StorePeak
+from bench.probes import RssPeak, StorePeak
 from pipeline.core.chapters import chapter_read_bytes, row_group_of
-from pipeline.core.config import RunConfig
+from pipeline.core.config import DEFAULT_TOKEN_BUDGET, RunConfig
 from pipeline.core.epochs import epoch_plan_for, resolve_edges
 from pipeline.core.ranges import EpochRanges
 from pipeline.data import build_length_index, rank_batches, start_feeder, stop_feeder
@@ -181,7 +181,7 @@ def measure_first_steps(
     repeats: int = 3,
     resumes: int | None = None,
     vocab_size: int = 512,
-    token_budget: int = 65_536,
+    token_budget: int = DEFAULT_TOKEN_BUDGET,
     delivery: dict | None = None,
     data_dir: str | None = None,
 ) -> dict:

@@ -1,11 +1,11 @@
-"""Benchmark section 1b: full batches under a token budget, against the batchers users pick.
+"""Full batches under a token budget, against the batchers users pick (part of `bench.padding`).
 
 At one global token budget, every row reports the mean fill of the budget, global steps per epoch,
 padding efficiency, both relative to the reference a peer would accept (sorted batches cut
 greedily to the same budget, as fairseq's `batch_by_size`), and the steps whose padded slots
 exceed the budget. Rows: that reference; lhotse-style dynamic bucketing (32 equal-mass buckets,
 `max_duration` = budget, its default sum rule and its strict variant); HF `group_by_length`
-(fixed batch budget // longest, the simulation of `bench.peers`); bucketray at K=32 and
+(fixed batch budget // longest, the simulation of `pipeline.report.peers`); bucketray at K=32 and
 auto, before (`fill: fixed_per_bucket`) and after (`fill: greedy`). Plus the HF samplers' fidelity
 (simulated vs the real transformers samplers, when installed) and the planning time of one epoch.
 """
@@ -17,13 +17,13 @@ import warnings
 
 import numpy as np
 
-from bench.padding import median_time
-from bench.peers import hf_length_grouped, lhotse_style
+from bench.common import median_time
 from pipeline.core.buckets import optimize_all
-from pipeline.core.config import BatchingConfig, PlanConfig
+from pipeline.core.config import DEFAULT_TOKEN_BUDGET, BatchingConfig, PlanConfig
 from pipeline.core.epochs import auto_edges
 from pipeline.core.metrics import micro_batch_padded
 from pipeline.core.plan import EpochPlan, epoch_plan
+from pipeline.report.peers import hf_length_grouped, lhotse_style
 
 __all__ = ["budget_table", "hf_fidelity"]
 
@@ -61,7 +61,7 @@ def _order_row(name, lengths, order, sizes, world, budget):
 def budget_table(
     lengths: np.ndarray,
     *,
-    budget: int = 65_536,
+    budget: int = DEFAULT_TOKEN_BUDGET,
     k: int = 32,
     world_sizes=(1, 8),
     target: float = 0.97,
@@ -144,7 +144,7 @@ def hf_fidelity(
 ) -> dict:
     """HF samplers: the simulation vs the real transformers samplers (when installed), and the
     real `BatchRebalanceSampler` (slow: pure Python per global batch, so on a prefix)."""
-    from bench import hf_peers
+    from pipeline.report import hf_peers
 
     lengths = np.asarray(lengths, dtype=np.int64)
 
@@ -168,80 +168,4 @@ def hf_fidelity(
                 row["rebalance"] = eff(sub, *r[:2])
                 row["rebalance_samples"] = int(sub.size)
         out["rows"].append(row)
-    return out
-
-
-def render_budget(results: dict) -> list[str]:
-    """BENCHMARKS.md section 1b from `results["padding"]["budget"]` (absent: nothing)."""
-    pad = results.get("padding", {})
-    t = pad.get("budget")
-    if not t:
-        return []
-    out = [
-        "### 1b. Full batches under a token budget",
-        "",
-        f"Global budget {t['budget']:,} padded tokens per step, {pad['samples']:,} samples, epoch 0 "
-        "(`bench.fullbatch`). Fill = padded slots of a step / budget, mean over steps; "
-        "the reference is sorted batches cut greedily to the same budget (fairseq's "
-        "`batch_by_size`). Over budget: steps whose padded slots exceed the budget. Micro / share: "
-        "the largest rank micro-batch against budget / world size (greedy batches guarantee each "
-        "rank at most its samples' share of the budget, which is budget / world size exactly when "
-        "the world size divides the batch: `round_to`). `before` = `batching.fill: "
-        "fixed_per_bucket`, `after` = `greedy`.",
-        "",
-    ]
-    for world, rows in t["worlds"].items():
-        out += [f"{world} rank(s):", ""]
-        header = ["batcher", "fill", "steps", "steps vs ref", "padding eff.", "eff. vs ref"]
-        header += ["over budget", "max step / budget", "micro / share"]
-        body = [
-            [
-                r["name"],
-                f"{r['fill']:.3f}",
-                f"{r['steps']:,}",
-                f"{r['steps_vs_reference']:.3f}",
-                f"{r['efficiency']:.4f}",
-                f"{r['efficiency_vs_reference']:.3f}",
-                f"{r['over_budget_steps']:,}",
-                f"{r['max_step_over_budget']:.2f}",
-                f"{r['max_micro_over_share']:.2f}",
-            ]
-            for r in rows
-        ]
-        out += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        out += ["| " + " | ".join(row) + " |" for row in body]
-        out.append("")
-    ps = t["plan_s"]
-    out += [
-        f"One epoch plan at 8 ranks, K={t['k']} (median wall seconds on the shared machine): "
-        f"{ps['before']:.3f} s before, {ps['after']:.3f} s after. Greedy steps per epoch differ "
-        f"slightly between epochs (epochs 0-2: {', '.join(f'{s:,}' for s in t['epochs'])}); "
-        "the driver plans every epoch and the schedule uses those totals.",
-        "",
-    ]
-    hf = pad.get("hf_fidelity")
-    if hf:
-        out += [
-            f"HF samplers, {hf['per_device']} samples per rank: the numpy simulation behind the "
-            "megabatch rows vs the real transformers samplers"
-            + ("" if hf["available"] else " (transformers not installed: simulation only)")
-            + ".",
-            "",
-        ]
-        for r in hf["rows"]:
-            line = f"- {r['world_size']} rank(s): simulated {r['simulated']:.4f}"
-            if "real" in r:
-                name = (
-                    "LengthGroupedSampler"
-                    if r["world_size"] == 1
-                    else "DistributedLengthGroupedSampler"
-                )
-                line += f", real `{name}` {r['real']:.4f}"
-            if "rebalance" in r:
-                line += (
-                    f"; real `BatchRebalanceSampler` {r['rebalance']:.4f} (first "
-                    f"{r['rebalance_samples']:,} samples: it is pure Python per global batch)"
-                )
-            out.append(line)
-        out.append("")
     return out

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench import tables
 from bench.outcome import LABELS, summarize
 
 __all__ = ["outcome_headline", "outcome_tables", "plot_outcome", "replace_block"]
@@ -182,12 +183,7 @@ def plot_outcome(results: dict, path: str | Path) -> str:
 
 def replace_block(markdown: str, block: str, name: str = "outcome") -> str:
     """`markdown` with the text between the `name` markers replaced by `block`."""
-    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
-    if start not in markdown or end not in markdown:
-        raise ValueError(f"no {start} ... {end} block to replace")
-    head, rest = markdown.split(start, 1)
-    _, tail = rest.split(end, 1)
-    return f"{head}{start}\n{block.strip()}\n{end}{tail}"
+    return tables.replace_block(markdown, block, name)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -13,11 +13,11 @@ Four measurements, all in one process on one machine, so their ratios compare li
    second, from the rank-0 metrics file. Loss readability: the variance of the step-to-step
    change of the raw loss (packed, bucketed) and of the debiased loss (bucketed), over the
    last three quarters of each run (`quality.loss_readability`). Rounds rotate the order.
-2. The step kernel (`measure_step_kernel`): forward + backward of the same model on the same
+2. The step kernel (`bench.kernels.measure_step_kernel`): forward + backward of the same model on the same
    documents, single-threaded, padded (sorted batches, each padded to its longest) against
    packed rows with the grouped per-document attention and with the block-mask reference, the
    allocator set as in a training worker (`pipeline.data.rechunk.keep_freed_memory`).
-3. The training plans' compute (`measure_plan_kernel`): forward + backward + the training loss,
+3. The training plans' compute (`bench.kernels.measure_plan_kernel`): forward + backward + the training loss,
    single-threaded, on the very micro-batches the training runs feed rank 0 (epoch 0 of each
    variant's plan over the same corpus, every second one), the variants taking turns micro-batch
    by micro-batch. It isolates what the batching changes, compute per real token, and its
@@ -25,26 +25,20 @@ Four measurements, all in one process on one machine, so their ratios compare li
    +-10% between rounds.
 4. The on-paper table and the time to pack an epoch of the 902K preset (`bench.packing`).
 
-    python -m bench.packed_training --out out/bench-packed [--num-samples 2000]
+    python -m bench.packed_training --out benchmarks/packed_training.json [--quick]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import shlex
 import statistics
-import sys
-import time
 import uuid
-from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
-
+from bench.common import run_script
+from bench.kernels import DEMO_CONFIG, ROW_LENGTHS, measure_plan_kernel, measure_step_kernel
 from bench.packing import packing_table
 from bench.quality import loss_readability
-from bench.training import (
+from bench.runs import (
     WARMUP_STEPS,
     load1,
     median_of,
@@ -52,34 +46,27 @@ from bench.training import (
     round_ratios,
     run_overrides,
     run_summary,
-    scaled_lengths,
     timed_run,
 )
 from pipeline.core.config import load_config
 
 __all__ = [
+    "DEMO_CONFIG",
+    "ROW_LENGTHS",
     "VARIANTS",
     "aggregate_variant",
-    "load1",
-    "measure_packed_rows",
+    "main",
     "measure_packed_training",
     "measure_plan_compute",
     "measure_plan_kernel",
     "measure_step_kernel",
     "run_figures",
-    "section_packed_rows",
     "shared_overrides",
     "step_medians",
     "variant_overrides",
 ]
 
 VARIANTS = ("packed", "sorted", "auto")
-# Packed rows hold this many longest samples: a sample that does not fit a row's rest opens a
-# new row, so a row of one top edge leaves on average more of itself empty than a row of four
-# (on the demo corpus, best-fit fills 0.985 of 512-token rows and 0.995 of 2048-token rows);
-# attention stays within each document, so a longer row costs no more per token.
-ROW_LENGTHS = 4
-DEMO_CONFIG = "configs/local.yaml"
 
 
 def variant_overrides(variant: str, *, max_length: int, token_budget: int, row_tokens: int):
@@ -233,274 +220,6 @@ def measure_packed_training(
     }
 
 
-def _tiny_model(model_cfg, max_length: int):
-    import torch
-
-    from pipeline.learn.factory import build_model
-
-    torch.manual_seed(0)
-    return build_model(model_cfg, max_length)
-
-
-@contextmanager
-def _one_thread_model(model_cfg, max_length: int):
-    """(the model, whether freed memory is kept) for timing compute as a training worker runs
-    it: one torch thread, freed memory kept for reuse (`keep_freed_memory`, which a worker's data
-    stream sets); the thread count is restored after."""
-    import torch
-
-    from pipeline.data.rechunk import keep_freed_memory
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        reused = keep_freed_memory()
-        yield _tiny_model(model_cfg, max_length), reused
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _collate(values, offsets, samples, per_row, T, multiple=1):
-    """The samples (indices into offsets), packed into rows of `per_row` samples each, or (None)
-    one padded row per sample."""
-    from pipeline.core.collate import collate
-    from pipeline.core.packed_collate import collate_packed
-
-    v = np.concatenate([values[offsets[i] : offsets[i + 1]] for i in samples])
-    o = np.concatenate([[0], np.cumsum(offsets[samples + 1] - offsets[samples])])
-    if per_row is None:
-        return collate(v, o, upper=T, pad_to_multiple_of=multiple)
-    return collate_packed(v, o, np.concatenate([[0], np.cumsum(per_row)]), row_tokens=T)
-
-
-def measure_step_kernel(
-    *,
-    config: str = DEMO_CONFIG,
-    tokens: int = 16384,
-    repeats: int = 5,
-    seed: int = 0,
-) -> dict:
-    """Forward + backward of the config's model on the same ~`tokens` real tokens (lengths: the
-    preset's distribution scaled to max_length), single-threaded; medians of `repeats` after one
-    warm-up (module docstring, item 2)."""
-    import torch
-    import torch.nn.functional as F
-
-    import pipeline.learn.model as model_module
-    from pipeline.core.packing import best_fit_rows
-    from pipeline.learn import packed_attention as pa
-
-    cfg = load_config(config)
-    T = cfg.data.max_length
-    rng = np.random.default_rng(seed)
-    pool = rng.permutation(scaled_lengths(max(4 * tokens // 64, 1000), T, seed))
-    lens = pool[: int(np.searchsorted(np.cumsum(pool), tokens, side="right"))].astype(np.int64)
-    real = int(lens.sum())
-    values = rng.integers(3, cfg.model.vocab_size, real).astype(np.int32)
-    offsets = np.concatenate([[0], np.cumsum(lens)])
-
-    # Micro-batches of at most `slots` padded tokens each: packed, one row of R = ROW_LENGTHS
-    # longest samples (as the training runs pack); padded, the samples sorted by length
-    # (sorted-static), each batch as many as fit padded.
-    R = ROW_LENGTHS * T
-    slots = R
-    row_of, closed = best_fit_rows(lens, R, 16)
-    packed = []
-    for rows in np.array_split(closed, -(-closed.size // (slots // R))):
-        samples = [np.flatnonzero(row_of == r) for r in rows]
-        packed.append(
-            _collate(values, offsets, np.concatenate(samples), [len(x) for x in samples], R)
-        )
-    multiple = cfg.batching.pad_to_multiple_of
-    padded, cur = [], []
-    for i in np.argsort(lens, kind="stable"):
-        width = -(-int(lens[i]) // multiple) * multiple
-        if cur and (len(cur) + 1) * width > slots:
-            padded.append(_collate(values, offsets, np.array(cur), None, T, multiple))
-            cur = []
-        cur.append(i)
-    padded.append(_collate(values, offsets, np.array(cur), None, T, multiple))
-
-    def tensors(b):
-        return {k: torch.as_tensor(v) for k, v in b.items() if np.ndim(v) == 2}
-
-    packed_t, padded_t = [tensors(b) for b in packed], [tensors(b) for b in padded]
-
-    def step(batches):
-        for b in batches:
-            logits = model(b["input_ids"], b["attention_mask"], b["position_ids"])
-            logits.float().logsumexp(-1).mean().backward()
-
-    def mask_attention(qkv, docs, dropout_p=0.0):
-        q, k, v = (x.transpose(1, 2) for x in qkv.unbind(2))
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=pa.block_causal_mask(docs.doc))
-        return out.transpose(1, 2)
-
-    variants = {
-        "padded": (lambda: step(padded_t), pa.document_attention_qkv),
-        "packed": (lambda: step(packed_t), pa.document_attention_qkv),
-        "packed_block_mask": (lambda: step(packed_t), mask_attention),
-    }
-    times: dict[str, list[float]] = {v: [] for v in variants}
-    before = load1()
-    with _one_thread_model(cfg.model, T) as (model, reused):
-        try:
-            for _ in range(repeats + 1):  # interleaved, so a slow phase hits every variant
-                for name, (fn, attention) in variants.items():
-                    model_module.document_attention_qkv = attention
-                    t = time.perf_counter()
-                    fn()
-                    times[name].append(time.perf_counter() - t)
-        finally:
-            model_module.document_attention_qkv = pa.document_attention_qkv
-    med = {v: statistics.median(ts[1:]) for v, ts in times.items()}
-    return {
-        "config": config,
-        "documents": int(lens.size),
-        "real_tokens": real,
-        "max_length": T,
-        "row_tokens": R,
-        "micro_batch_slots": slots,
-        "packed_rows": int(closed.size),
-        "packed_slots": int(closed.size) * R,
-        "padded_batches": len(padded),
-        "padded_slots": int(sum(b["input_ids"].size for b in padded)),
-        "repeats": repeats,
-        "seconds": med,
-        "seconds_all": times,
-        "real_tokens_per_s": {v: real / s for v, s in med.items()},
-        "packed_vs_padded": med["padded"] / med["packed"],
-        "block_mask_vs_padded": med["padded"] / med["packed_block_mask"],
-        "load1": [before, load1()],
-        "keep_freed_memory": reused,
-    }
-
-
-def _plan_micro_batches(cfg, lengths, sample_ids, *, rank: int, every: int, rng) -> dict:
-    """Every `every`-th non-empty micro-batch of `rank` in epoch 0 of `cfg`'s plan over these
-    lengths, collated as the data stream collates it (`pipeline.data.rechunk.collate_micro_batch`),
-    with random token ids of the same lengths."""
-    import types
-
-    import torch
-
-    from pipeline.core.epochs import epoch_plan_for, resolve_edges
-    from pipeline.data.rechunk import TENSOR_KEYS, collate_micro_batch
-
-    edges = resolve_edges(cfg, lengths)
-    index = types.SimpleNamespace(lengths=lengths, sample_ids=sample_ids)
-    plan = epoch_plan_for(cfg, index, edges, 0, cfg.scaling.num_workers)
-    view = plan.rank_view(rank)
-    o = view.offsets
-    nonempty = np.flatnonzero(np.diff(o) > 0)
-    batches, reals, slots = [], [], 0
-    for m in nonempty[::every]:
-        a, b = int(o[m]), int(o[m + 1])
-        lens = view.lengths[a:b].astype(np.int64)
-        vals = rng.integers(3, cfg.model.vocab_size, int(lens.sum())).astype(np.int32)
-        out = collate_micro_batch(
-            view, m, vals, lens, pad_to_multiple_of=cfg.batching.pad_to_multiple_of
-        )
-        batches.append({k: torch.from_numpy(out[k]) for k in TENSOR_KEYS})
-        reals.append(int(lens.sum()))
-        slots += int(out["input_ids"].size)
-    return {
-        "batches": batches,
-        "real": reals,
-        "steps": plan.num_steps,
-        "micro_batches": len(batches),
-        "real_tokens": sum(reals),
-        "slots": slots,
-        "num_buckets": len(edges) - 1,
-    }
-
-
-def measure_plan_kernel(
-    lengths: np.ndarray,
-    sample_ids: np.ndarray,
-    configs: dict,
-    *,
-    every: int = 4,
-    blocks: int = 4,
-    rank: int = 0,
-    seed: int = 0,
-) -> dict:
-    """Forward + backward + the training loss of one model, single-threaded, on the micro-batches
-    the training runs feed rank `rank` in epoch 0 of each config's plan (`configs`: variant ->
-    RunConfig) over the same corpus lengths: every `every`-th micro-batch, so a sorted epoch's
-    short and long steps are both in. The variants take turns micro-batch by micro-batch, so a
-    slow phase of a shared machine falls on every variant alike. The spread: `blocks` strided
-    subsets (block b of a variant: its micro-batches b, b + blocks, ...) each give their own
-    ratio to sorted-static.
-    This is the compute the batching changes, without Ray, the other rank, the optimizer or
-    the data stream: a precise ratio where a whole training run's is noisy."""
-    from pipeline.learn.loss import token_sums
-
-    rng = np.random.default_rng(seed)
-    lengths = np.asarray(lengths, dtype=np.int64)
-    made = {
-        v: _plan_micro_batches(c, lengths, sample_ids, rank=rank, every=every, rng=rng)
-        for v, c in configs.items()
-    }
-    first = next(iter(configs.values()))
-
-    def train_on(batches) -> float:
-        t = time.perf_counter()
-        for b in batches:
-            logits = model(b["input_ids"], b["attention_mask"], b["position_ids"])
-            loss, _ = token_sums(logits, b["labels"])
-            loss.backward()
-            model.zero_grad(set_to_none=True)
-        return time.perf_counter() - t
-
-    names = list(made)
-    # Each micro-batch timed on its own, the variants' micro-batches interleaved in proportion
-    # (each advances through its epoch at the same pace), so a slow second of a shared machine
-    # falls on every variant alike.
-    turns = sorted(
-        ((i + 0.5) / len(made[v]["batches"]), k, v, i)
-        for k, v in enumerate(names)
-        for i in range(len(made[v]["batches"]))
-    )
-    secs = {v: np.zeros(len(made[v]["batches"])) for v in names}
-    before = load1()
-    with _one_thread_model(first.model, first.data.max_length) as (model, reused):
-        for v in names:  # warm-up: one micro-batch each
-            train_on(made[v]["batches"][:1])
-        for _, _, v, i in turns:
-            secs[v][i] = train_on(made[v]["batches"][i : i + 1])
-    secs = {v: [float(x[b::blocks].sum()) for b in range(blocks)] for v, x in secs.items()}
-    toks = {v: [sum(made[v]["real"][b::blocks]) for b in range(blocks)] for v in names}
-    ref = "sorted" if "sorted" in names else names[0]
-    out = {}
-
-    def rates(v):
-        return [t / s if s > 0 else float("nan") for t, s in zip(toks[v], secs[v], strict=True)]
-
-    for v in names:
-        ratios = [a / r for a, r in zip(rates(v), rates(ref), strict=True)]
-        m = made[v]
-        out[v] = {
-            **{k: m[k] for k in ("steps", "micro_batches", "real_tokens", "slots", "num_buckets")},
-            "token_efficiency": m["real_tokens"] / max(m["slots"], 1),
-            "seconds": sum(secs[v]),
-            "real_tokens_per_s": m["real_tokens"] / max(sum(secs[v]), 1e-9),
-            "vs_sorted_blocks": [x for x in ratios if np.isfinite(x)],
-        }
-    for v in names:
-        out[v]["vs_sorted"] = out[v]["real_tokens_per_s"] / out[ref]["real_tokens_per_s"]
-    return {
-        "samples": int(lengths.size),
-        "rank": rank,
-        "world_size": first.scaling.num_workers,
-        "every": every,
-        "blocks": blocks,
-        "variants": out,
-        "load1": [before, load1()],
-        "keep_freed_memory": reused,
-    }
-
-
 def measure_plan_compute(work_dir: str | Path, training: dict, *, every: int = 2) -> dict:
     """`measure_plan_kernel` on the corpus and the variants (their `overrides`) of a
     `measure_packed_training` result on the same `work_dir`, whose index it reads."""
@@ -517,78 +236,40 @@ def measure_plan_compute(work_dir: str | Path, training: dict, *, every: int = 2
     )
 
 
-def measure_packed_rows(
-    work_dir: str | Path,
-    *,
-    num_samples: int = 6000,
-    repeats: int = 1,
-    preset_samples: int | None = None,
-    kernel_tokens: int = 16384,
-    plan_every: int = 2,
-    config: str = DEMO_CONFIG,
-    log=print,
-) -> dict:
-    """Every measurement of the module docstring; what the "Packed rows" section renders."""
-    import datetime as dt
-
+def measure(args, log) -> dict:
+    """Every measurement of the module docstring (`--quick`: a smoke scale)."""
     from pipeline.core.synthetic import PRESETS, seed902k_lengths
 
-    out: dict = {
-        "date_utc": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "load_before": load1(),
-    }
-    log("packed rows: the on-paper table and the time to pack an epoch")
-    n = preset_samples or PRESETS["seed902k"]
-    out["paper"] = packing_table(seed902k_lengths(n))
-    log(f"packed rows: packing {n:,} samples took {out['paper']['pack_epoch_s']:.2f} s")
-    log("packed rows: forward + backward, padded against packed")
-    out["kernel"] = measure_step_kernel(config=config, tokens=kernel_tokens)
-    log(f"packed rows: step kernel packed / padded {out['kernel']['packed_vs_padded']:.2f}x")
-    log("packed rows: same-run training")
+    quick = args.quick
+    log("the on-paper table and the time to pack an epoch")
+    n = args.preset_samples or (50_000 if quick else PRESETS["seed902k"])
+    out = {"paper": packing_table(seed902k_lengths(n))}
+    log(f"packing {n:,} samples took {out['paper']['pack_epoch_s']:.2f} s")
+    log("forward + backward, padded against packed")
+    out["kernel"] = measure_step_kernel(tokens=4096 if quick else 16384)
+    log(f"step kernel packed / padded {out['kernel']['packed_vs_padded']:.2f}x")
+    log("same-run training")
     out["training"] = measure_packed_training(
-        work_dir, num_samples=num_samples, repeats=repeats, config=config, log=log
-    )
-    log("packed rows: the training plans' compute, variants interleaved")
-    out["plan_kernel"] = measure_plan_compute(work_dir, out["training"], every=plan_every)
-    pk = out["plan_kernel"]["variants"]
-    log(
-        "packed rows: training plans' compute, packed / sorted-static "
-        f"{pk['packed']['vs_sorted']:.3f}x"
-    )
-    out["load_after"] = load1()
-    return out
-
-
-def section_packed_rows(opts, log=print) -> dict:
-    """The "Packed rows" section of `make bench` at a `bench.suite.SuiteOptions` scale."""
-    return measure_packed_rows(
-        Path(opts.work_dir) / "packed",
-        num_samples=opts.packed_samples,
-        repeats=opts.packed_repeats,
-        preset_samples=opts.samples,
-        kernel_tokens=4096 if opts.quick else 16384,
-        plan_every=8 if opts.quick else 2,
+        args.work,
+        num_samples=600 if quick else args.num_samples,
+        repeats=1 if quick else args.repeats,
         log=log,
     )
+    log("the training plans' compute, variants interleaved")
+    out["plan_kernel"] = measure_plan_compute(args.work, out["training"], every=8 if quick else 2)
+    pk = out["plan_kernel"]["variants"]["packed"]["vs_sorted"]
+    log(f"training plans' compute, packed / sorted-static {pk:.3f}x")
+    return {"packed": out}
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m bench.packed_training", description=__doc__)
-    p.add_argument("--out", default="out/bench-packed", help="results.json goes here")
-    p.add_argument("--work", default="out/bench-packed/work", help="corpus, index, runs")
-    p.add_argument("--num-samples", type=int, default=6000, help="training corpus size")
-    p.add_argument("--repeats", type=int, default=1, help="training rounds")
-    p.add_argument("--preset-samples", type=int, help="paper table on this many (default 902,087)")
-    a = p.parse_args(argv)
-    r = measure_packed_rows(
-        a.work, num_samples=a.num_samples, repeats=a.repeats, preset_samples=a.preset_samples
-    )
-    args = sys.argv[1:] if argv is None else argv
-    r["command"] = shlex.join(["python", "-m", "bench.packed_training", *args])
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(r, indent=1))
-    return r
+    def add_args(p):
+        p.add_argument("--work", default="out/bench-packed", help="corpus, index, runs")
+        p.add_argument("--num-samples", type=int, default=6000, help="training corpus size")
+        p.add_argument("--repeats", type=int, default=3, help="training rounds")
+        p.add_argument("--preset-samples", type=int, help="paper table on this many (902,087)")
+
+    return run_script("bench.packed_training", __doc__, measure, add_args, argv)
 
 
 if __name__ == "__main__":

@@ -17,25 +17,23 @@ the sample pairs that share a global step in epoch 0, the fraction (estimated fr
 random pairs) that share one again in epoch 1, against its chance floor (the probability that
 two random samples share a step of epoch 1's step sizes).
 
-    python -m bench.packing [--num-samples N]
+Part of `python -m bench.packed_training` (its JSON's `packed.paper`).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 
 import numpy as np
 
-from pipeline.core.config import PlanConfig, TokenBudgetBatching
+from pipeline.core.config import DEFAULT_TOKEN_BUDGET, PlanConfig, TokenBudgetBatching
 from pipeline.core.epochs import auto_edges
 from pipeline.core.orders import PAIR_REPEAT_STREAM
 from pipeline.core.packing import PackingSpec, doc_cost, pack_epoch, rank_costs
 from pipeline.core.plan import epoch_plan
-from pipeline.core.synthetic import MAX_LEN, PRESETS, seed902k_lengths
+from pipeline.core.synthetic import MAX_LEN
 
-__all__ = ["packing_table", "pair_repeat", "render"]
+__all__ = ["packing_table", "pair_repeat"]
 
 
 def _padded_costs(plan, width: float, multiple: int) -> tuple[np.ndarray, int]:
@@ -94,7 +92,7 @@ def packing_table(
     lengths: np.ndarray,
     *,
     world_sizes=(1, 8),
-    budget: int = 65_536,
+    budget: int = DEFAULT_TOKEN_BUDGET,
     row_tokens: int = 8192,
     rows_per_step: int = 8,
     open_rows: int = 16,
@@ -176,44 +174,3 @@ def _row(name, plan, world_sizes, n, real, useful, pairs, seed, width, batching)
         out["by_world_size"][w] = _score(costs, useful, real, paid_tokens)
     out["pair_repeat"] = pair_repeat(_step_of(plan(0, 1), n), _step_of(plan(1, 1), n), pairs, seed)
     return out
-
-
-def render(t: dict) -> str:
-    """The table as Markdown."""
-    ws = list(t["rows"][0]["by_world_size"])
-    head = ["batches"]
-    for w in ws:
-        head += [f"token efficiency ({w})", f"max/mean rank cost ({w})", f"useful/paid ({w})"]
-    head += ["pair repeat", "chance floor"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in t["rows"]:
-        cells = [r["name"]]
-        for w in ws:
-            s = r["by_world_size"][w]
-            cells += [
-                f"{s[k]:.3f}" for k in ("token_efficiency", "max_over_mean", "useful_over_paid")
-            ]
-        pr = r["pair_repeat"]
-        cells += [f"{pr['rate']:.2e}", f"{pr['chance']:.2e}"]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines.append(
-        f"\nPacking one epoch ({t['samples']:,} samples): {t['pack_epoch_s']:.2f} s "
-        f"(median of {', '.join(f'{x:.2f}' for x in t['pack_epoch_s_all'])})."
-    )
-    return "\n".join(lines)
-
-
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--num-samples", type=int, default=PRESETS["seed902k"])
-    ap.add_argument("--json", help="also write the figures to this file")
-    args = ap.parse_args(argv)
-    t = packing_table(seed902k_lengths(args.num_samples))
-    print(render(t))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(t, f, indent=1)
-
-
-if __name__ == "__main__":
-    main()

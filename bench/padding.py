@@ -1,22 +1,30 @@
-"""Benchmark section 1: padding efficiency of every batching policy, and what planning costs.
+"""Padding and planning: what every batching policy pads, and what planning costs.
 
-Scores come from `bench.report` (the same simulator as `jobs.plan_buckets`): sorted-static,
-random, HF-style megabatch grouping, the team's six edges and exact-DP edges for several K and
-for `num_buckets: auto`, at a fixed micro-batch and at a token budget. Planning cost is timed
-at the preset's size and at ten times it, to show how it grows with the data.
+    python -m bench.padding --out benchmarks/padding.json [--quick]
+
+Pure numpy on the seed-calibrated preset. Scores come from `pipeline.report` (the simulator
+behind `jobs.plan_buckets`): sorted-static, random, HF-style megabatch grouping, the team's six
+edges and exact-DP edges for several K and for `num_buckets: auto`, at a fixed micro-batch and at
+a token budget (`padding_table`); full batches under the token budget against the batchers users
+pick (`bench.fullbatch`); batch recomposition between epochs from the same plans
+(`bench.quality`). Planning cost is timed at the preset's size and at ten times it, to show how it
+grows with the data. Draws padding.png and recomposition.png beside the JSON.
 """
 
 from __future__ import annotations
 
-import statistics
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
-from bench.policies import auto_search, compare_policies, policy_label
+from bench.common import median_time, run_script
+from bench.fullbatch import budget_table, hf_fidelity
+from bench.plots import plot_padding, plot_recomposition
+from bench.quality import recomposition_section
 from pipeline.core.buckets import optimize, optimize_all
 from pipeline.core.config import (
+    DEFAULT_TOKEN_BUDGET,
     TEAM_EDGES,
     Batching,
     FixedBatching,
@@ -24,24 +32,16 @@ from pipeline.core.config import (
     TokenBudgetBatching,
 )
 from pipeline.core.plan import epoch_plan
+from pipeline.core.synthetic import PRESETS, seed902k_lengths
+from pipeline.report.policies import auto_search, compare_policies, policy_label
 
-__all__ = ["BATCHINGS", "padding_table", "planning_costs", "median_time"]
+__all__ = ["BATCHINGS", "main", "padding_table", "planning_costs"]
 
-# "micro-batch 32" is the team's fixed batch; 65,536 padded tokens per step is the config default.
+# "micro-batch 32" is the team's fixed batch; the token budget is the config default.
 BATCHINGS = {
     "B32": FixedBatching(batch_size=32),
-    "T64K": TokenBudgetBatching(token_budget=65_536),
+    "T64K": TokenBudgetBatching(token_budget=DEFAULT_TOKEN_BUDGET),
 }
-
-
-def median_time(fn: Callable, repeats: int) -> tuple[float, list[float], object]:
-    """(median seconds, every run's seconds, the last result) of `repeats` calls of `fn`."""
-    times, out = [], None
-    for _ in range(repeats):
-        t = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t)
-    return float(statistics.median(times)), times, out
 
 
 def padding_table(
@@ -130,3 +130,34 @@ def planning_costs(
         "repeats": repeats,
         "sizes": rows,
     }
+
+
+def measure(args, log) -> dict:
+    """Every table of the module docstring on `--samples` of the preset."""
+    n = args.samples or (50_000 if args.quick else PRESETS["seed902k"])
+    repeats, scale = (2, 4) if args.quick else (5, 10)
+    lengths = seed902k_lengths(n).astype(np.int64)
+    log(f"padding of every policy on {n:,} samples")
+    padding = padding_table(lengths)
+    log("full batches under the token budget, and the Hugging Face samplers")
+    padding["budget"] = budget_table(lengths, repeats=repeats)
+    padding["hf_fidelity"] = hf_fidelity(lengths)
+    log(f"planning cost at {n:,} and {n * scale:,} samples")
+    big = seed902k_lengths(n * scale).astype(np.int64)
+    padding["costs"] = planning_costs({"preset": lengths, "scaled": big}, repeats=repeats)
+    log("recomposition between epochs 0 and 1")
+    quality = recomposition_section(lengths, padding["batchings"])
+    plot_padding(padding, Path(args.plots) / "padding.png")
+    plot_recomposition(quality, Path(args.plots) / "recomposition.png")
+    return {"padding": padding, "quality": quality}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    def add_args(p):
+        p.add_argument("--samples", type=int, help="preset samples (default 902,087)")
+
+    return run_script("bench.padding", __doc__, measure, add_args, argv)
+
+
+if __name__ == "__main__":
+    main()

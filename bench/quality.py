@@ -4,8 +4,9 @@ Batch recomposition compares the micro-batches of epochs 0 and 1 of the same pla
 training loop uses. With batches of B samples drawn from a pool of n, a fresh shuffle still
 re-pairs some samples by chance: a batch holds B(B-1)/2 pairs and each pair shared an epoch-0
 batch with probability ~(B-1)/(n-1), so the expected share of batches with a repeated pair is
-1 - exp(-B(B-1)/2 * (B-1)/(n-1)); `expected_recomposition` gives that floor for a plan's own
-batch and bucket sizes, so a measured share can be read against what chance alone allows.
+1 - exp(-B(B-1)/2 * (B-1)/(n-1)); `pipeline.core.frontier.recomposition_floor` gives that floor for
+a plan's own batch and bucket sizes, so a measured share can be read against what chance alone
+allows.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from bench.policies import megabatch_order
-from pipeline.core.config import Batching, PlanConfig
+from pipeline.core.config import Batching, BatchingConfig, PlanConfig
+from pipeline.core.frontier import recomposition_floor
 from pipeline.core.metrics import (
     BucketLossTracker,
     batch_recomposition,
@@ -23,11 +24,12 @@ from pipeline.core.metrics import (
     switch_rate,
 )
 from pipeline.core.plan import EpochPlan, epoch_plan
+from pipeline.report.peers import megabatch_order
 
 __all__ = [
     "repeated_pair_share",
-    "expected_recomposition",
     "recomposition_table",
+    "recomposition_section",
     "loss_readability",
 ]
 
@@ -62,19 +64,6 @@ def _plan(lengths, edges, batching, policy: str, epoch: int, seed: int) -> Epoch
         batching=batching,
         plan=PlanConfig(policy=policy, seed=seed),
     )
-
-
-def expected_recomposition(plan: EpochPlan) -> float:
-    """Share of micro-batches expected to repeat a pair under a fresh within-bucket shuffle,
-    for this plan's batch sizes and bucket sizes (world size 1: a step is one micro-batch)."""
-    sizes = np.diff(plan.step_offsets).astype(np.float64)
-    b = plan.step_bucket
-    n = np.bincount(b, weights=sizes)  # samples per bucket
-    mean_b = n / np.maximum(np.bincount(b), 1)  # the partner pool a sample had last epoch
-    nonempty = sizes > 0
-    pairs = sizes * (sizes - 1) / 2
-    p_pair = (mean_b[b] - 1) / np.maximum(n[b] - 1, 1)
-    return float(np.mean(1 - np.exp(-pairs * p_pair)[nonempty]))
 
 
 def _megabatch_recomposition(lengths: np.ndarray, batch_size: int, seed: int) -> dict:
@@ -118,7 +107,7 @@ def recomposition_table(
                 "recomposition": batch_recomposition(p0.sample_ids, off0, p1.sample_ids, off1),
                 "repeated_pairs": repeated_pair_share(p0.sample_ids, off0, p1.sample_ids, off1),
                 # sorted-static repeats its batches by construction: no chance floor applies.
-                "chance_floor": None if policy == "sorted" else expected_recomposition(p1),
+                "chance_floor": None if policy == "sorted" else recomposition_floor(p1),
                 "num_buckets": p1.num_buckets,
                 "steps": p1.num_steps,
                 "mean_batch": float(p1.num_samples / max(p1.num_steps, 1)),
@@ -141,6 +130,27 @@ def recomposition_table(
         }
         rows.insert(2, mb)
     return rows
+
+
+def recomposition_section(lengths: np.ndarray, batchings: dict) -> dict:
+    """Recomposition and switch rate of the team's edges, optimal K=32 and auto, under each
+    batching of a `padding.padding_table` (its `batchings` block)."""
+    out: dict = {"samples": int(np.asarray(lengths).size), "recomposition": {}}
+    for name, block in batchings.items():
+        edge_sets = {
+            p["name"]: p["edges"]
+            for p in block["policies"]
+            if p["edges"] is not None and p["name"] in ("edges:team", "optimal:32", "optimal:auto")
+        }
+        b = BatchingConfig(**block["batching"])
+        rows = recomposition_table(lengths, edge_sets, b)
+        label = (
+            f"micro-batch {b.batch_size}"
+            if b.mode == "fixed"
+            else f"token budget {b.token_budget:,}"
+        )
+        out["recomposition"][name] = {"label": label, "auto_k": block["auto"]["k"], "rows": rows}
+    return out
 
 
 def loss_readability(curves: dict, skip: int = 0) -> dict:

@@ -13,24 +13,22 @@ batches `make demo` trains on) and one metrics line per step. Reported:
   (no running estimate), plus each bucket's mean loss over the second half of the run and its
   correlation with the bucket index.
 
-    python -m bench.realtext --out benchmarks/realtext [--max-steps 300]
+Part of `python -m bench.training`, whose JSON holds it under `training.realtext`.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import uuid
 from pathlib import Path
 
 import numpy as np
 
 from bench.quality import loss_readability
-from bench.training import read_metric_lines, run_overrides, run_summary, timed_run
+from bench.runs import read_metric_lines, run_overrides, run_summary, timed_run
 from pipeline.core.config import load_config
 from pipeline.data.textcorpus import BYTE_VOCAB, write_text_corpus
 
-__all__ = ["bucket_curves", "measure_realtext", "plot_bucket_curves", "realtext_overrides"]
+__all__ = ["bucket_curves", "measure_realtext", "realtext_overrides"]
 
 
 def bucket_curves(curves: dict) -> dict[int, list[tuple[int, float]]]:
@@ -146,75 +144,3 @@ def measure_realtext(
         f"wall {wall:.0f}s"
     )
     return out
-
-
-def plot_bucket_curves(result: dict, path: str | Path) -> str:
-    """Raw step loss (grey), each bucket's own points joined (colour by bucket), and the debiased
-    loss (black): the jumpy curve decomposes into smooth per-bucket curves."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    c = result["curves"]
-    per = {int(k): v for k, v in c["per_bucket"].items()}
-    cmap = plt.get_cmap("viridis")
-    fig, ax = plt.subplots(figsize=(9, 4.8))
-    s, v = zip(*c["loss"], strict=True)
-    ax.plot(s, v, color="#bbbbbb", linewidth=0.8, label="train/loss (every step)", zorder=1)
-    top = max(per) if per else 1
-    for k, pts in per.items():
-        ks, kv = zip(*pts, strict=True)
-        ax.plot(ks, kv, color=cmap(k / max(top, 1)), linewidth=1.0, marker=".", markersize=3)
-    s, v = zip(*c["loss_debiased"], strict=True)
-    ax.plot(s, v, color="#000000", linewidth=0.9, alpha=0.8, label="train/loss_debiased", zorder=3)
-    sm = plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(0, top))
-    fig.colorbar(sm, ax=ax, label="bucket (its points at the steps that trained it)")
-    r = result["readability"]
-    ax.set_title(
-        f"Real text (Python {result['corpus']['python']} stdlib, byte tokens): "
-        f"{result['num_buckets']} buckets, var Δ debiased / raw = {r['ratio']:.2f}",
-        fontsize=10,
-    )
-    late = np.array([v for _, v in c["loss"]][len(c["loss"]) // 4 :])
-    if late.size:  # the first steps fall by nats: zoom on the part where the buckets differ
-        ax.set_ylim(float(late.min()) - 0.15, float(np.percentile(late, 99)) + 0.35)
-    ax.set_xlabel("global step")
-    ax.set_ylabel("loss (nats / token)")
-    ax.legend(loc="upper right", fontsize=8)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return str(path)
-
-
-def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m bench.realtext", description=__doc__)
-    p.add_argument("--out", default="benchmarks/realtext", help="results.json and the PNG")
-    p.add_argument("--work", default="out/bench-realtext", help="corpus, index, runs")
-    p.add_argument("--max-steps", type=int, default=300)
-    p.add_argument("--max-length", type=int, default=512)
-    p.add_argument(
-        "--token-budget", type=int, help="default: the config's (local_full.yaml: 16384)"
-    )
-    p.add_argument("--seed", type=int, default=0, help="plan.seed and train.seed")
-    p.add_argument("--config", default="configs/local_full.yaml")
-    a = p.parse_args(argv)
-    r = measure_realtext(
-        a.work,
-        max_length=a.max_length,
-        max_steps=a.max_steps,
-        token_budget=a.token_budget,
-        config=a.config,
-        seed=a.seed,
-    )
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    r["png"] = plot_bucket_curves(r, out / "realtext_bucket_loss.png")
-    (out / "results.json").write_text(json.dumps(r, indent=1))
-    return r
-
-
-if __name__ == "__main__":
-    main()

@@ -1,25 +1,42 @@
-"""Benchmark section 2: the tiny model trained under each batching policy in one Ray session.
+"""Training throughput: the tiny model trained under each batching policy in one Ray session.
+
+    python -m bench.training --out benchmarks/training.json [--quick]
 
 Every policy trains the same samples (one epoch of one scaled corpus), the same model, under the
 same per-step token budget, through the real `pipeline.train.launch.run`; only `plan.policy` and the
 bucket edges differ. CPU workers cannot afford the preset's 8192-token samples, so the corpus
 keeps the preset's length *distribution* scaled by max_length / 8192 (and the team's edges with
 it), instead of truncating at max_length, which would pile most samples onto one length.
-Throughput is read back from the rank-0 metrics file (one JSON line per step).
+Throughput is read back from the rank-0 metrics file (one JSON line per step, `bench.runs`).
+The script also measures loss readability (raw against bucket-debiased loss, step to step) on
+those runs and on real text (`bench.realtext`), the same policies under a token budget, and the
+GPU row from a `scripts/gpu_smoke.sh` metrics file when there is one; it draws training.png,
+loss.png and realtext_bucket_loss.png beside the JSON.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
-import time
 import uuid
-import warnings
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 
+from bench.common import run_script
+from bench.plots import plot_bucket_curves, plot_loss, plot_training
+from bench.quality import loss_readability
+from bench.runs import (
+    WARMUP_STEPS,
+    load1,
+    median_of,
+    read_metric_lines,
+    round_ratios,
+    run_overrides,
+    run_summary,
+    timed_run,
+)
 from pipeline.core.config import TEAM_EDGES, load_config
 from pipeline.core.epochs import resolve_edges
 from pipeline.core.synthetic import MAX_LEN, seed902k_lengths, synthetic_tokens
@@ -27,19 +44,14 @@ from pipeline.data.corpus import token_table
 
 __all__ = [
     "POLICIES",
-    "load1",
-    "median_of",
-    "read_metric_lines",
-    "round_ratios",
-    "run_overrides",
-    "timed_run",
     "scaled_lengths",
     "scaled_edges",
     "write_scaled_corpus",
     "policy_overrides",
-    "run_summary",
     "aggregate_runs",
+    "gpu_row",
     "measure_training",
+    "main",
 ]
 
 POLICIES = ("sorted", "random", "edges:team", "optimal:auto")
@@ -47,9 +59,6 @@ POLICIES = ("sorted", "random", "edges:team", "optimal:auto")
 # of steps with the same worst-case step (32 x max_length), so per-step overhead is shared and
 # the ratios compare padding; `measure_training(batching=...)` also takes a token budget.
 DEFAULT_BATCHING = {"mode": "fixed", "batch_size": 32}
-# Steps at the start of each run left out of throughput: the first forward/backward allocates
-# and the plan puts the longest batch first (an out-of-memory shows at step 1).
-WARMUP_STEPS = 2
 _MARKER = "_bucketray_bench_corpus.json"  # "_": the shard listing skips it
 
 
@@ -108,76 +117,6 @@ def policy_overrides(policy: str, max_length: int) -> list[str]:
     if policy == "optimal:auto":
         return ["buckets.num_buckets=auto"]
     raise ValueError(f"unknown policy {policy!r}: choose one of {POLICIES}")
-
-
-def run_summary(records: list[dict], warmup: int = WARMUP_STEPS) -> dict:
-    """Throughput of one run from its per-step metric lines (train.log_every=1).
-
-    A line's window covers one global step, so its real tokens are real_tokens_per_s x step_s;
-    rates are totals over the steps after `warmup`, not means of per-step rates.
-    """
-    steps = sorted((r for r in records if "perf/step_s" in r), key=lambda r: r["step"])
-    timed = steps[warmup:] or steps
-    dt = np.array([r["perf/step_s"] for r in timed])
-    real = np.array([r["data/real_tokens_per_s"] for r in timed]) * dt
-    padded = np.array([r["data/padded_tokens_per_s"] for r in timed]) * dt
-    wait = np.array([r["data/wait_fraction"] for r in timed]) * dt
-    epoch = next((r for r in records if "epoch/steps" in r), {})
-    return {
-        "steps": len(steps),
-        "timed_steps": len(timed),
-        "real_tokens_per_s": float(real.sum() / dt.sum()),
-        "padded_tokens_per_s": float(padded.sum() / dt.sum()),
-        "steps_per_s": float(len(timed) / dt.sum()),
-        "wait_fraction": float(wait.sum() / dt.sum()),
-        "padding_efficiency": float(real.sum() / padded.sum()),
-        "planned_padding_efficiency": epoch.get("epoch/planned_padding_efficiency"),
-        "num_buckets": sum(1 for k in epoch if k.startswith("epoch/steps_per_bucket/")),
-        "loss": [(r["step"], r["train/loss"]) for r in steps],
-        "loss_debiased": [(r["step"], r["train/loss_debiased"]) for r in steps],
-        "bucket": [r["train/bucket"] for r in steps],
-        "loss_by_bucket": {
-            k.rsplit("/", 1)[1]: [(r["step"], r[k]) for r in steps if k in r]
-            for k in sorted({k for r in steps for k in r if k.startswith("train/loss_by_bucket/")})
-        },
-    }
-
-
-def load1() -> float | None:
-    """The 1-minute load average (the machine is shared: reported beside every figure)."""
-    try:
-        return float(Path("/proc/loadavg").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def read_metric_lines(path: Path) -> list[dict]:
-    """A run's metric lines (`train.metrics_file`), one dict per line."""
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-
-
-def run_overrides(work: Path, *, max_steps: int | None = None) -> list[str]:
-    """The `--set` overrides of a benchmark run: one epoch (or `max_steps`), a metric line per
-    step, no W&B, checkpoints under `work`/runs kept only at the end."""
-    return [
-        "train.epochs=1",
-        f"train.max_steps={'null' if max_steps is None else max_steps}",
-        "train.log_every=1",
-        "wandb.mode=disabled",
-        f"checkpoint.storage_path={work / 'runs'}",
-        "checkpoint.every_steps=null",
-        "checkpoint.keep_last=1",
-    ]
-
-
-def timed_run(run, cfg):
-    """(the run's summary, its wall seconds). The benchmarks' shared settings include knobs
-    some variants do not use; their "has no effect" warnings are intended here."""
-    t = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".* has no effect")
-        summary = run(cfg)
-    return summary, time.perf_counter() - t
 
 
 def _shared_overrides(work: Path, corpus, max_length: int, batching: dict) -> list[str]:
@@ -298,17 +237,6 @@ def measure_training(
     }
 
 
-def median_of(runs: list[dict], key: str) -> float:
-    """The median of one figure over rounds."""
-    return float(statistics.median(x[key] for x in runs))
-
-
-def round_ratios(runs: list[dict], sorted_runs: list[dict], key: str) -> list[float]:
-    """Each round's `key` over the sorted baseline's in the same round (rounds share the
-    machine's load, so the ratio is taken before any median)."""
-    return [x[key] / s[key] for x, s in zip(runs, sorted_runs, strict=True)]
-
-
 def aggregate_runs(runs: list[dict], sorted_runs: list[dict]) -> dict:
     """Medians over repeats; the ratio to sorted is taken per round, then the median."""
 
@@ -333,3 +261,72 @@ def aggregate_runs(runs: list[dict], sorted_runs: list[dict]) -> dict:
         "load1_all": [x.get("load1") for x in runs],
         "curves": {k: runs[0][k] for k in ("loss", "loss_debiased", "bucket", "loss_by_bucket")},
     }
+
+
+# Where `scripts/gpu_smoke.sh --set train.metrics_file=$PWD/out/gpu_smoke/metrics.jsonl` leaves
+# its rank-0 metrics; when present, the GPU row is filled from it.
+GPU_METRICS = "out/gpu_smoke/metrics.jsonl"
+
+
+def gpu_row(path: str) -> dict:
+    """The GPU row: a bucketed run's throughput from gpu_smoke.sh's metrics file, if one exists."""
+    f = Path(path)
+    if not f.is_file():
+        return {"skipped": f"{path} not found", "metrics_file": path}
+    s = run_summary(read_metric_lines(f))
+    for k in ("loss", "loss_debiased", "bucket", "loss_by_bucket"):
+        s.pop(k)
+    return {"metrics_file": path, **s}
+
+
+def measure(args, log) -> dict:
+    """Every policy's training, their readability, the token-budget round and real text."""
+    import ray
+
+    from bench.realtext import measure_realtext
+
+    quick = args.quick
+    samples, max_length = (600, 128) if quick else (args.samples, 512)
+    repeats = 1 if quick else args.repeats
+    work = Path(args.work)
+    out = measure_training(
+        work / "train", num_samples=samples, max_length=max_length, repeats=repeats, log=log
+    )
+    out["readability"] = {}
+    for p in ("edges:team", "optimal:auto"):
+        curves = out["policies"][p]["curves"]
+        # The first steps come before every bucket has a running loss: leave a quarter out.
+        out["readability"][p] = loss_readability(curves, skip=len(curves["loss"]) // 4)
+    if not quick:
+        budget = {"mode": "token_budget", "token_budget": 32 * max_length}
+        tb = measure_training(
+            work / "train", num_samples=samples, max_length=max_length, batching=budget,
+            repeats=1, log=log,
+        )  # fmt: skip
+        for p in tb["policies"].values():
+            p.pop("curves")
+        out["token_budget"] = tb
+    log("real text (the stdlib corpus): readability and per-bucket loss")
+    out["realtext"] = measure_realtext(
+        work / "realtext", max_length=max_length, max_steps=40 if quick else 300, log=log
+    )
+    ray.shutdown()
+    plots = Path(args.plots)
+    plot_training(out, plots / "training.png")
+    plot_loss(out, ["edges:team", "optimal:auto"], plots / "loss.png")
+    plot_bucket_curves(out["realtext"], plots / "realtext_bucket_loss.png")
+    return {"training": out, "gpu": gpu_row(args.gpu_metrics)}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    def add_args(p):
+        p.add_argument("--samples", type=int, default=3000, help="training corpus size")
+        p.add_argument("--repeats", type=int, default=3, help="rounds of every policy")
+        p.add_argument("--work", default="out/bench", help="corpora, indexes and runs")
+        p.add_argument("--gpu-metrics", default=GPU_METRICS, help="the GPU row's metrics file")
+
+    return run_script("bench.training", __doc__, measure, add_args, argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -4,7 +4,6 @@ parquet dataset, and the checks on them; a bad input raises `InputError`, one li
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import numpy as np
@@ -13,18 +12,15 @@ from pipeline.core.config import load_config
 from pipeline.core.synthetic import seed902k_lengths
 
 __all__ = [
-    "DEFAULT_MAX_LENGTH",
     "NO_VOCAB_CHECK",
     "InputError",
     "check_lengths",
     "check_top_edge",
     "load_lengths",
-    "max_length_bound",
 ]
 
 # Token ids are int32: a vocabulary this large accepts every id (no vocabulary check).
 NO_VOCAB_CHECK = 2**31 - 1  # "no limit" for the vocabulary and the sample length
-DEFAULT_MAX_LENGTH = 8192  # data.max_length's default
 
 
 class InputError(ValueError):
@@ -61,19 +57,6 @@ def _data_config(path: str, config: str | None, vocab_size: int | None):
         # section only has to accept the unbounded length.
         overrides += [f"data.max_length={NO_VOCAB_CHECK}", "batching.mode=fixed"]
     return load_config(config, overrides)
-
-
-def max_length_bound(args: argparse.Namespace, lengths: np.ndarray) -> int:
-    """The top-edge bound: --max-length, else the run config's, else (a report on --data without
-    a config needs no model) the longest sample, else data.max_length's default."""
-    if args.max_length is not None:
-        return args.max_length
-    if args.config is not None:
-        overrides = [f"data.path={args.data}"] if args.data else []
-        return load_config(args.config, overrides).data.max_length
-    if args.data and lengths.size:
-        return int(lengths.max())
-    return DEFAULT_MAX_LENGTH
 
 
 def _lengths_from_data(

@@ -4,11 +4,15 @@
         --json out/report.json --png out/report.png --dump-plan out/plan.parquet
 
 Lengths come from the seed-calibrated preset, a 1-D integer .npy (sample id = position) or a
-parquet dataset (through the Ray Data length index). The table goes to stdout, progress and
-timings to stderr; a bad input is one line on stderr naming the fix, with exit code 2.
-`--plan-seed` seeds the epoch plan (and the random/megabatch baselines); `--corpus-seed` seeds
-the preset's lengths. No model is needed: token ids of `--data` are checked against a
-vocabulary only when `--config` or `--vocab-size` gives one.
+parquet dataset (through the Ray Data length index). The flags, on top of `--config` and with
+`--set` last, make a run config (each flag sets the config field its help names), validated as
+`jobs.train` validates it; the report is then the library's: the edges the run would resolve
+(`pipeline.core.epochs.resolve_edges`), their epoch plan and the policy table
+(`pipeline.report`); with batching.mode=packed (`--row-tokens`, or the config's), also the
+packed epoch the run would train. The table goes to stdout, progress and timings to stderr; a
+bad input or config is one line on stderr naming the fix, with exit code 2. No model is needed:
+token ids of `--data` are checked against a vocabulary only when `--config` or `--vocab-size`
+gives one.
 """
 
 from __future__ import annotations
@@ -20,33 +24,23 @@ import time
 from pathlib import Path
 
 import numpy as np
-from pydantic import ValidationError
 
-from bench.report import build_report
-from bench.report_plot import plot_frontier, plot_report
-from bench.report_text import render_text
-from jobs._cli import count
-from jobs._plan_inputs import (
-    DEFAULT_MAX_LENGTH,
-    InputError,
-    check_lengths,
-    check_top_edge,
-    load_lengths,
-    max_length_bound,
-)
-from pipeline.core.buckets import optimize
+from jobs._cli import add_overrides, count
+from jobs._plan_inputs import InputError, check_lengths, check_top_edge, load_lengths
 from pipeline.core.config import (
-    BatchingConfig,
-    BucketsConfig,
+    DEFAULT_TOKEN_BUDGET,
     ConfigError,
-    ModelConfig,
-    PlanConfig,
-    parse_edges,
+    PackedBatching,
+    RunConfig,
+    load_config,
+    validate,
 )
 from pipeline.core.frontier import FrontierPoint, frontier_ks
 from pipeline.core.metrics import truncation_counts
-from pipeline.core.packing import PackingSpec, attention_width_for, pack_epoch, packed_summary
 from pipeline.core.synthetic import PRESETS
+from pipeline.report.build import MAX_BUCKETS, build_report, packed_report
+from pipeline.report.plot import plot_frontier, plot_report
+from pipeline.report.text import packed_line, render_text
 
 PROG = "python -m jobs.plan_buckets"
 
@@ -60,9 +54,34 @@ def _num_buckets(s: str) -> int | str:
     if s == "auto":
         return s
     try:
-        return int(s)
+        k = int(s)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {s!r}") from None
+        k = 0
+    if k < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or 'auto', got {s!r}")
+    return k
+
+
+# Flag -> the run config field it sets (None: the flag was not given, the config's value holds).
+FIELDS = {
+    "num_buckets": "buckets.num_buckets",
+    "max_buckets": "buckets.max_buckets",
+    "target_efficiency": "buckets.target_efficiency",
+    "max_recomposition_floor": "buckets.max_recomposition_floor",
+    "pad_to_multiple_of": "batching.pad_to_multiple_of",
+    "world_size": "scaling.num_workers",
+    "plan_seed": "plan.seed",
+    "max_length": "data.max_length",
+    "over_length": "data.over_length",
+}
+PADDED = {"fill": "batching.fill", "round_to": "batching.round_to"}
+PACKED = {
+    "row_tokens": "batching.row_tokens",
+    "rows_per_step": "batching.rows_per_step",
+    "open_rows": "batching.open_rows",
+    "balance_rows": "batching.balance_rows",
+    "attention_width": "batching.attention_width",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,9 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--config",
         metavar="YAML",
-        help="run config for --data (vocab size, max length, bad rows); default: no vocabulary "
-        "check and the config defaults",
+        help="the run config the flags apply to (for --data also its vocabulary, longest sample "
+        "and bad rows); default: the config defaults on 1 worker, no vocabulary check",
     )
+    add_overrides(p, "set a run config field, after the flags (repeatable)")
     p.add_argument(
         "--vocab-size",
         type=count(1),
@@ -99,45 +119,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="preset length generator seed, as data.synthetic.seed (default %(default)s)",
     )
     e = p.add_mutually_exclusive_group()
-    e.add_argument(
-        "--num-buckets", type=_num_buckets, default="auto", help="K, or 'auto' (default)"
-    )
-    e.add_argument("--edges", help="explicit edges, e.g. 0,770,1216,1728,2432,3296,8192")
-    p.add_argument(
-        "--max-buckets", type=count(1), default=64, help="upper bound on K for auto (default 64)"
-    )
-    p.add_argument(
-        "--target-efficiency", type=float, default=0.97, help="auto target (default 0.97)"
-    )
-    b = p.add_mutually_exclusive_group()
-    b.add_argument("--batch-size", type=count(1), help="fixed global batch size")
-    b.add_argument(
-        "--token-budget", type=count(1), help="padded tokens per global step (default 65536)"
-    )
-    p.add_argument(
-        "--fill",
-        choices=["greedy", "fixed_per_bucket"],
-        help="token budget: fill each batch to the budget (default greedy) or budget // upper "
-        "edge (not with --batch-size)",
-    )
+    e.add_argument("--num-buckets", type=_num_buckets, help="buckets.num_buckets: K or 'auto'")
+    e.add_argument("--edges", help="buckets.edges, e.g. 0,770,1216,1728,2432,3296,8192")
+    p.add_argument("--max-buckets", type=count(1), help="buckets.max_buckets (auto's bound on K)")
+    p.add_argument("--target-efficiency", type=float, help="buckets.target_efficiency (auto)")
     p.add_argument(
         "--max-recomposition-floor",
         type=float,
-        default=None,
-        help="auto: cap K where the recomposition chance floor exceeds this",
+        help="buckets.max_recomposition_floor: auto caps K where the recomposition floor exceeds it",
+    )
+    b = p.add_mutually_exclusive_group()
+    b.add_argument("--batch-size", type=count(1), help="batching.mode=fixed, batching.batch_size")
+    b.add_argument(
+        "--token-budget",
+        type=count(1),
+        help=f"batching.token_budget: padded tokens per global step (default {DEFAULT_TOKEN_BUDGET})",
     )
     p.add_argument(
-        "--round-to",
-        type=count(0),
-        help="round token-budget batches down to this (default: 8 with --fill fixed_per_bucket, "
-        "none greedy; not with --batch-size)",
+        "--fill", choices=["greedy", "fixed_per_bucket"], help="batching.fill (token budget)"
     )
-    p.add_argument(
-        "--pad-to-multiple-of", type=count(1), default=8, help="pad batch max up to this"
-    )
-    p.add_argument(
-        "--world-size", type=count(1), default=1, help="ranks each global batch is split over"
-    )
+    p.add_argument("--round-to", type=count(0), help="batching.round_to (token budget)")
+    p.add_argument("--pad-to-multiple-of", type=count(1), help="batching.pad_to_multiple_of")
+    p.add_argument("--world-size", type=count(1), help="scaling.num_workers: ranks (default 1)")
     _add_packed_args(p)
     _add_plan_args(p)
     return p
@@ -145,26 +148,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_packed_args(p: argparse.ArgumentParser) -> None:
     """batching.mode=packed: with --row-tokens, the report adds the packed epoch (and
-    --dump-plan writes it), packed as a run with the same batching fields would pack it."""
+    --dump-plan writes it); the padded report beside it keeps the padded batching flags."""
     g = p.add_argument_group("packed rows (batching.mode=packed)")
     g.add_argument(
-        "--row-tokens",
-        type=count(1),
-        help="report the packed epoch too: tokens per row, as batching.row_tokens",
+        "--row-tokens", type=count(1), help="report the packed epoch too: batching.row_tokens"
     )
-    g.add_argument(
-        "--rows-per-step", type=count(1), default=8, help="rows per global step (default 8)"
-    )
-    g.add_argument("--open-rows", type=count(1), default=16, help="best-fit window (default 16)")
-    g.add_argument(
-        "--balance-rows", type=count(1), default=512, help="balancing window (default 512)"
-    )
-    g.add_argument(
-        "--attention-width",
-        type=count(1),
-        default=None,
-        help="the cost model's width (default 6 x model.d_model's default, as the run's null)",
-    )
+    g.add_argument("--rows-per-step", type=count(1), help="batching.rows_per_step")
+    g.add_argument("--open-rows", type=count(1), help="batching.open_rows")
+    g.add_argument("--balance-rows", type=count(1), help="batching.balance_rows")
+    g.add_argument("--attention-width", type=count(1), help="batching.attention_width")
 
 
 def _add_plan_args(p: argparse.ArgumentParser) -> None:
@@ -172,22 +164,16 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--over-length",
         choices=("error", "truncate"),
-        default="error",
-        help="lengths above the top edge (--edges' last, else --max-length): stop, or cut them "
-        "and count what is cut, as data.over_length (default error)",
+        help="data.over_length: lengths above the top edge stop the report, or are cut and counted",
     )
     p.add_argument(
         "--max-length",
         type=count(1),
-        default=None,
-        help="top edge bound without --edges, as data.max_length (default: --config's "
-        f"data.max_length; for --data without --config the longest sample; else {DEFAULT_MAX_LENGTH})",
+        help="data.max_length, the top edge bound without --edges (default: the config's; for "
+        "--data without --config the longest sample)",
     )
     p.add_argument(
-        "--plan-seed",
-        type=count(0),
-        default=0,
-        help="epoch plan seed, as plan.seed (also the random/megabatch policies)",
+        "--plan-seed", type=count(0), help="plan.seed (also the random/megabatch policies)"
     )
     p.add_argument("--epoch", type=count(0), default=0, help="epoch to plan")
     p.add_argument("--json", metavar="OUT", help="write the report as JSON")
@@ -200,95 +186,108 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dump-plan", metavar="OUT.parquet", help="write the epoch plan's rows")
 
 
-def _configs(args) -> tuple[BatchingConfig, PlanConfig]:
-    """Validate the numeric flags through the run config's own sections."""
-    batching = {"pad_to_multiple_of": args.pad_to_multiple_of}
-    if args.batch_size is not None:
-        if args.round_to is not None:
-            raise InputError("--round-to has no effect with --batch-size: drop one of them")
-        if args.fill is not None:
-            raise InputError("--fill has no effect with --batch-size: drop one of them")
-        batching |= {"mode": "fixed", "batch_size": args.batch_size}
+def _sets(args, fields: dict[str, str]) -> list[str]:
+    return [
+        f"{key}={getattr(args, f)}" for f, key in fields.items() if getattr(args, f) is not None
+    ]
+
+
+def _default_max_length(args) -> str | None:
+    """data.max_length when nothing sets it: without a run config, the top edge bound is what
+    the lengths need: the given edges' top, or for --data the longest sample ("data": known once
+    the lengths are loaded); None: data.max_length's default."""
+    given = args.max_length is not None or any(
+        o.startswith("data.max_length=") for o in args.overrides
+    )
+    if given or args.config is not None:
+        return None
+    if args.edges is not None:
+        return args.edges.strip("[]").split(",")[-1].strip()
+    return "data" if args.data else None
+
+
+def _common(args, lengths: np.ndarray | None) -> list[str]:
+    """Overrides of the flags every view of the run shares: source, buckets, scaling, plan."""
+    out = []
+    if args.preset:
+        out += [
+            f"data.synthetic.preset={args.preset}",
+            f"data.synthetic.num_samples={args.num_samples}",
+            f"data.synthetic.seed={args.corpus_seed}",
+        ]
+    else:  # a .npy of lengths or a parquet dataset: where the lengths came from
+        out.append(f"data.path={args.lengths_npy or args.data}")
+    if args.config is None:
+        out.append("scaling.num_workers=1")  # the report's own default: one rank
+    top = _default_max_length(args)
+    if top is not None:
+        out.append(f"data.max_length={int(lengths.max()) if top == 'data' else top}")
+    if args.edges is not None:
+        out.append(f"buckets.edges=[{args.edges.strip('[]')}]")
+    return out + _sets(args, FIELDS)
+
+
+def _padded(args) -> list[str]:
+    if args.batch_size is not None:  # with --fill or --round-to: refused by the config
+        out = ["batching.mode=fixed", f"batching.batch_size={args.batch_size}"]
+    elif args.token_budget is not None:
+        out = ["batching.mode=token_budget", f"batching.token_budget={args.token_budget}"]
     else:
-        batching |= {"mode": "token_budget", "token_budget": args.token_budget or 65_536}
-        if args.round_to is not None:
-            batching["round_to"] = args.round_to
-        if args.fill is not None:
-            batching["fill"] = args.fill
-    buckets = {
-        "target_efficiency": args.target_efficiency,
-        "max_buckets": args.max_buckets,
-        "max_recomposition_floor": args.max_recomposition_floor,
-    }
-    if args.num_buckets != "auto" and args.edges is None:
-        buckets["num_buckets"] = args.num_buckets
-    try:
-        BucketsConfig(**buckets)
-        return BatchingConfig(**batching), PlanConfig(seed=args.plan_seed)
-    except ValidationError as err:
-        e = err.errors()[0]
-        msg = e["msg"].removeprefix("Value error, ")
-        for name in ("num_buckets", "max_buckets", "target_efficiency", "max_recomposition_floor"):
-            msg = msg.replace(f"buckets.{name}", _flag(name))
-        loc = [str(p) for p in e["loc"] if p not in _VARIANT_TAGS]
-        if not loc:  # a cross-field rule; its message already names the flags
-            raise InputError(msg) from None
-        # loc[0] is the field; deeper parts name union members (e.g. 'constrained-int').
-        raise InputError(f"{_flag(loc[0])}: {msg}, got {e['input']!r}") from None
+        out = []
+    return out + _sets(args, PADDED)
 
 
-# Tags pydantic puts in error locations for the variants of the buckets and batching sections.
-_VARIANT_TAGS = {"explicit", "optimised", "token_budget", "fixed"}
+def run_configs(args, lengths: np.ndarray | None) -> tuple[RunConfig, RunConfig | None]:
+    """(the padded run config the report scores, the packed one whose epoch it adds or None):
+    the flags on `--config`, `--set` last, validated by the config module."""
+    common = _common(args, lengths)
 
+    def load(flags: list[str]) -> RunConfig:
+        return load_config(args.config, common + flags + args.overrides)
 
-def _flag(field: str) -> str:
-    return "--" + field.replace("_", "-")
+    padded = load(_padded(args))
+    packed = load(["batching.mode=packed", *_sets(args, PACKED)]) if args.row_tokens else None
+    if isinstance(padded.batching, PackedBatching):  # the config or --set asks for packed rows
+        packed = packed or padded
+        batching = {"pad_to_multiple_of": padded.batching.pad_to_multiple_of}
+        if args.batch_size is not None:
+            batching |= {"mode": "fixed", "batch_size": args.batch_size}
+        else:
+            batching |= {"mode": "token_budget", "token_budget": args.token_budget}
+        batching |= {k: getattr(args, k) for k in PADDED}  # with --batch-size: refused
+        batching = {k: v for k, v in batching.items() if v is not None}
+        padded = validate(padded.model_dump() | {"batching": batching})
+    return padded, packed
 
 
 def run(args) -> int:
     def log(msg: str) -> None:
         print(f"[plan_buckets] {msg}", file=sys.stderr, flush=True)
 
-    batching, plan_cfg = _configs(args)
-    edges = None
-    if args.edges is not None:
-        try:
-            edges = parse_edges(args.edges)
-        except ConfigError as err:
-            raise InputError(str(err).replace("buckets.edges", "--edges")) from None
-
     t = time.perf_counter()
     if args.data:
         log(f"building the length index of {args.data} with Ray Data (cached for the next run)")
+    configs = None if _default_max_length(args) == "data" else run_configs(args, None)
     lengths, ids, source = load_lengths(args)
     log(f"loaded {source}: {lengths.size:,} lengths in {time.perf_counter() - t:.2f}s")
     check_lengths(lengths, ids, source)
-    top, flag = (
-        (edges[-1], "--edges")
-        if edges is not None
-        else (max_length_bound(args, lengths), "--max-length")
-    )
+    cfg, packed_cfg = configs or run_configs(args, lengths)
+    top, _ = cfg.top_edge_bound()
     truncation = None
-    if args.over_length == "truncate":
+    if cfg.data.over_length == "truncate":
         truncation = {"top": top, **truncation_counts(lengths, top)}
         lengths = np.minimum(lengths, top)
     else:
-        check_top_edge(top, lengths, ids, flag)
+        check_top_edge(top, lengths, ids, "--edges" if cfg.buckets.edges else "--max-length")
 
     report, plan = build_report(
         lengths,
-        batching=batching,
-        edges=edges,
-        num_buckets=args.num_buckets,
-        target=args.target_efficiency,
-        max_k=args.max_buckets,
-        world_size=args.world_size,
-        seed=args.plan_seed,
+        cfg,
         epoch=args.epoch,
-        plan=plan_cfg,
         sample_ids=ids,
-        max_floor=args.max_recomposition_floor,
-        frontier_ks=frontier_ks(args.max_buckets) if args.frontier_png else (),
+        frontier_ks=frontier_ks(getattr(cfg.buckets, "max_buckets", MAX_BUCKETS))
+        if args.frontier_png
+        else (),
         log=log,
     )
     report["source"] = source
@@ -296,11 +295,16 @@ def run(args) -> int:
         report["truncation"] = truncation
     print(f"source: {source}")
     print(render_text(report))
-    if args.row_tokens is not None:
-        packed_edges = _packed_edges(args, edges, lengths)
-        plan, report["packed"] = _packed_report(args, lengths, ids, packed_edges, log)
-        print(_packed_text(report["packed"]))
+    if packed_cfg is not None:
+        report["packed"], plan = packed_report(
+            lengths, packed_cfg, epoch=args.epoch, sample_ids=ids, log=log
+        )
+        print(packed_line(report["packed"]))
+    _write_outputs(args, report, lengths, plan, log)
+    return 0
 
+
+def _write_outputs(args, report: dict, lengths: np.ndarray, plan, log) -> None:
     if args.json:
         _write("--json", args.json, lambda: _text(args.json, json.dumps(report, indent=2) + "\n"))
         log(f"wrote {args.json}")
@@ -324,76 +328,6 @@ def run(args) -> int:
         table = pa.table(_plan_rows(plan))
         _write("--dump-plan", args.dump_plan, lambda: pq.write_table(table, args.dump_plan))
         log(f"wrote {args.dump_plan}: {table.num_rows:,} rows in {time.perf_counter() - t:.2f}s")
-    return 0
-
-
-def _packed_edges(args, edges, lengths: np.ndarray) -> list[int]:
-    """The edges a packed run packs within: --edges, K optimal edges, or for auto one bucket (a
-    full shuffle), as pipeline.core.epochs.resolve_edges does in packed mode."""
-    if edges is not None:
-        return list(edges)
-    k = 1 if args.num_buckets == "auto" else int(args.num_buckets)
-    return optimize(lengths, k)
-
-
-def _packed_report(args, lengths, ids, edges, log) -> tuple:
-    """The packed epoch's plan and its summary (pipeline.core.packing.packed_summary)."""
-    width = args.attention_width or attention_width_for(ModelConfig().d_model)
-    try:
-        batching = BatchingConfig(
-            mode="packed",
-            row_tokens=args.row_tokens,
-            rows_per_step=args.rows_per_step,
-            open_rows=args.open_rows,
-            balance_rows=args.balance_rows,
-            attention_width=width,
-            pad_to_multiple_of=args.pad_to_multiple_of,
-        )
-        spec = PackingSpec(
-            row_tokens=batching.row_tokens,
-            rows_per_step=batching.rows_per_step,
-            attention_width=width,
-            open_rows=batching.open_rows,
-            balance_rows=batching.balance_rows,
-        )
-        t = time.perf_counter()
-        plan = pack_epoch(
-            lengths,
-            edges,
-            seed=args.plan_seed,
-            epoch=args.epoch,
-            world_size=args.world_size,
-            spec=spec,
-            sample_ids=ids,
-            pad_to_multiple_of=args.pad_to_multiple_of,
-        )
-    except ValidationError as err:
-        msg = err.errors()[0]["msg"].removeprefix("Value error, ")
-        raise InputError(_packed_flags(msg)) from None
-    except ConfigError as err:
-        raise InputError(_packed_flags(str(err))) from None
-    seconds = time.perf_counter() - t
-    log(f"packed epoch {args.epoch} in {seconds:.2f}s")
-    summary = {**packed_summary(plan), "edges": [int(e) for e in edges], "attention_width": width}
-    summary["pack_seconds"] = seconds
-    return plan, summary
-
-
-def _packed_flags(msg: str) -> str:
-    for name in ("row_tokens", "rows_per_step", "open_rows", "balance_rows", "attention_width"):
-        msg = msg.replace(f"batching.{name}", _flag(name))
-    return msg.replace("batching.pad_to_multiple_of", "--pad-to-multiple-of").replace(
-        "the world size", "--world-size"
-    )
-
-
-def _packed_text(s: dict) -> str:
-    return (
-        f"packed rows: {s['rows']:,} rows in {s['steps']:,} steps, edges {s['edges']}; row fill "
-        f"{s['row_fill']:.3f}, {s['docs_per_row']:.2f} documents per row; rank cost max / mean "
-        f"{s['rank_max_over_mean']:.3f}, useful / paid {s['useful_over_paid']:.3f} (attention "
-        f"width {s['attention_width']}); plan hash {s['hash']}"
-    )
 
 
 def _plan_rows(plan) -> dict:

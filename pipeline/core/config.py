@@ -22,6 +22,7 @@ from pipeline.core.configerrors import format_validation_error
 from pipeline.core.deliveryconfig import DeliveryConfig, moved_keys_refusal
 from pipeline.core.evalconfig import EvalConfig
 from pipeline.core.sections import (
+    DEFAULT_TOKEN_BUDGET,
     PATH,
     Batching,
     BatchingConfig,
@@ -42,6 +43,7 @@ from pipeline.core.sections import (
 from pipeline.core.yamlfile import load_yaml_file
 
 __all__ = [
+    "DEFAULT_TOKEN_BUDGET",
     "ConfigError",
     "DeliveryConfig",
     "EvalConfig",

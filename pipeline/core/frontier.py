@@ -5,9 +5,9 @@ so a fresh within-bucket shuffle re-pairs some samples of the last epoch by chan
 micro-batch of m samples holds m(m-1)/2 pairs, and each pair shared a micro-batch last epoch
 with probability ~(m' - 1)/(n - 1) (m' the bucket's mean micro-batch size, n its samples), so the
 expected share of micro-batches repeating a pair -- the recomposition chance floor -- is the
-mean of 1 - exp(-m(m-1)/2 x (m'-1)/(n-1)) over non-empty micro-batches (at world size 1 this is
-`bench.quality.expected_recomposition`). `plan_point` scores one K on a real epoch-0
-plan (padding efficiency, steps, floor); `frontier` sweeps K (`bench.report_plot.plot_frontier`
+mean of 1 - exp(-m(m-1)/2 x (m'-1)/(n-1)) over non-empty micro-batches (the benchmarks'
+recomposition tables give it at world size 1). `plan_point` scores one K on a real epoch-0 plan
+(padding efficiency, steps, floor); `frontier` sweeps K (`pipeline.report.plot.plot_frontier`
 draws it).
 """
 

@@ -71,8 +71,8 @@ PLAN_STREAMS = (
     EVAL_SUBSET_STREAM,
 )
 
-# The report's and the benchmarks' streams (bench/), with the values they were published with,
-# so their figures reproduce: ASCII "RAND", "MEGA", "LHTO".
+# The report's (pipeline/report) and the benchmarks' (bench/) streams, with the values they were
+# published with, so their figures reproduce: ASCII "RAND", "MEGA", "LHTO".
 REPORT_RANDOM_STREAM = 0x52414E44  # (seed, tag): the fixed-batch-size random row
 # (seed, tag): the report's megabatch row and its Hugging Face peer, one stream so that one
 # rank of the peer draws the very permutation the megabatch row does.

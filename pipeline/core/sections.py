@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 __all__ = [
+    "DEFAULT_TOKEN_BUDGET",
     "ConfigError",
     "OnBadRows",
     "SyntheticConfig",
@@ -262,6 +263,10 @@ def BucketsConfig(**fields: Any) -> ExplicitBuckets | OptimisedBuckets:  # noqa:
     return _BUCKETS.validate_python(fields)
 
 
+# batching.token_budget's default: padded tokens per global step.
+DEFAULT_TOKEN_BUDGET = 65_536
+
+
 class _Batching(_Section):
     pad_to_multiple_of: PositiveInt = Field(
         8,
@@ -281,7 +286,7 @@ class TokenBudgetBatching(_Batching):
         description="`token_budget`, `fixed` (batch_size) or `packed` (rows of whole samples).",
     )
     token_budget: PositiveInt = Field(
-        65_536,
+        DEFAULT_TOKEN_BUDGET,
         description="Padded tokens per GLOBAL step, all ranks together (contract 8); at least the top bucket edge.",
     )
     fill: Literal["greedy", "fixed_per_bucket"] = Field(

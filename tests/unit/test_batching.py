@@ -11,7 +11,13 @@ from hypothesis import strategies as st
 from pipeline.core.batching import greedy_sizes
 from pipeline.core.buckets import optimize
 from pipeline.core.collate import padded_length
-from pipeline.core.config import TEAM_EDGES, BatchingConfig, ConfigError, PlanConfig
+from pipeline.core.config import (
+    DEFAULT_TOKEN_BUDGET,
+    TEAM_EDGES,
+    BatchingConfig,
+    ConfigError,
+    PlanConfig,
+)
 from pipeline.core.plan import epoch_plan
 from pipeline.core.synthetic import seed902k_lengths
 
@@ -242,7 +248,7 @@ def test_mean_fill_reaches_097_of_the_budget_on_several_length_distributions(kin
         batching=BatchingConfig(fill="fixed_per_bucket"),
         plan=PlanConfig(),
     )
-    assert _fill(greedy, 65_536) >= 0.97
+    assert _fill(greedy, DEFAULT_TOKEN_BUDGET) >= 0.97
     assert greedy.num_steps < old.num_steps
 
 

@@ -13,12 +13,8 @@ FUNCTION_LINES = 100
 
 # Over a limit today, each being split by a change of its own: allowed at most its present size,
 # never more. Remove an entry once its file is back within the limit.
-KNOWN_MODULES = {
-    "bench/packed_training.py": 595,  # the benchmarks are being restructured
-}
-KNOWN_FUNCTIONS = {
-    "bench/packed_training.py::measure_step_kernel": 101,
-}
+KNOWN_MODULES: dict[str, int] = {}
+KNOWN_FUNCTIONS: dict[str, int] = {}
 
 
 def _modules() -> list[Path]:

@@ -1,9 +1,10 @@
 """The runtime stands apart from what measures it: layers checked on the source and on imports.
 
-`pipeline` (core, data, learn, train) is the library; `bench` (benchmarks, their rendering, the
-offline analysis behind jobs.plan_buckets) and `jobs` sit above it. The source check reads every
-import statement, including those inside functions, so a lazy import cannot slip a layer; the
-subprocess check proves a runtime entry point loads neither the benchmarks nor matplotlib.
+`pipeline` (core, data, learn, train, and report: the offline bucket report) is the library;
+`bench` (the benchmarks) and `jobs` sit above it, and only the benchmark commands import `bench`.
+The source check reads every import statement, including those inside functions, so a lazy
+import cannot slip a layer; the subprocess check proves a runtime entry point loads neither the
+benchmarks nor matplotlib.
 """
 
 from __future__ import annotations
@@ -16,7 +17,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-RUNTIME = ("pipeline.train.launch", "pipeline.data.api", "pipeline.learn.factory", "jobs.train")
+RUNTIME = (
+    "pipeline.train.launch",
+    "pipeline.data.api",
+    "pipeline.learn.factory",
+    "jobs.train",
+    "jobs.plan_buckets",  # the report draws its PNGs with matplotlib imported when drawing
+)
+# The commands that measure the library: the only modules of jobs/ that may import bench.
+BENCHMARK_COMMANDS = {"jobs/bench_data.py", "jobs/sizing.py"}
 
 
 def _imported_roots(path: Path) -> set[str]:
@@ -48,6 +57,16 @@ def test_benchmarks_do_not_import_jobs():
     assert _offenders("bench", {"jobs"}) == {}
 
 
+def test_no_user_command_imports_the_benchmarks():
+    """train, evaluate, tokenize, plan_buckets, plot_run, export_hf, make_data, ...: a user command
+    runs on the library alone; the bucket report it prints lives in pipeline.report."""
+    users = {k: v for k, v in _offenders("jobs", {"bench"}).items() if k not in BENCHMARK_COMMANDS}
+    assert users == {}
+    assert {f"jobs/{m}.py" for m in ("train", "plan_buckets", "plot_run")} <= {
+        str(p.relative_to(ROOT)) for p in (ROOT / "jobs").glob("*.py")
+    }  # the check above reads the commands it names
+
+
 def test_benchmark_modules_share_only_public_names():
     """The seam between bench modules (renderers included) is what each exports: no private
     helper is imported from another module."""
@@ -59,6 +78,17 @@ def test_benchmark_modules_share_only_public_names():
                 if names:
                     private.setdefault(str(p.relative_to(ROOT)), []).extend(names)
     assert private == {}
+
+
+def test_the_report_names_no_ray_or_pyarrow_and_draws_only_in_plot():
+    """The bucket report is pure numpy on core: matplotlib only in its plot module, torch and
+    transformers only in the optional Hugging Face samplers, each imported inside a function."""
+    assert _offenders("pipeline/report", {"ray", "pyarrow"}) == {}
+    drawing = _offenders("pipeline/report", {"matplotlib", "torch", "transformers"})
+    assert drawing == {
+        "pipeline/report/plot.py": ["matplotlib"],
+        "pipeline/report/hf_peers.py": ["torch", "transformers"],
+    }
 
 
 def test_core_names_no_ray_torch_pyarrow_or_matplotlib_even_lazily():
@@ -85,12 +115,14 @@ def test_importing_the_runtime_loads_no_benchmark_and_no_matplotlib():
     assert not loaded & {"bench", "matplotlib"}, sorted(loaded & {"bench", "matplotlib"})
 
 
-# Which layer may import which: jobs -> bench -> train -> data -> core, and learn -> core
-# (train also uses learn). An import against the arrows is a cycle between layers in waiting.
+# Which layer may import which: jobs -> bench -> train -> data -> core, learn -> core and
+# report -> core (train also uses learn). An import against the arrows is a cycle between layers
+# in waiting.
 LAYERS_MAY_IMPORT = {
     "pipeline.core": set(),
     "pipeline.learn": {"pipeline.core"},
     "pipeline.data": {"pipeline.core"},
+    "pipeline.report": {"pipeline.core"},
     "pipeline.train": {"pipeline.core", "pipeline.data", "pipeline.learn"},
 }
 
@@ -170,7 +202,15 @@ def _a_cycle(graph: dict[str, set[str]]) -> list[str]:
 
 @pytest.mark.parametrize(
     "package",
-    ["pipeline.core", "pipeline.learn", "pipeline.data", "pipeline.train", "bench", "jobs"],
+    [
+        "pipeline.core",
+        "pipeline.learn",
+        "pipeline.data",
+        "pipeline.report",
+        "pipeline.train",
+        "bench",
+        "jobs",
+    ],
 )
 def test_modules_of_a_package_import_each_other_one_way(package):
     """No import cycle inside a package, lazy imports included: a cycle means a rule sits on

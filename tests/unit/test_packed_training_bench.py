@@ -1,16 +1,17 @@
-"""The "Packed rows" benchmark section: variants select what they claim, figures come from the
-metric lines and measurements, and the section renders them with how and where they ran."""
+"""The "Packed rows" benchmark: variants select what they claim, figures come from the metric lines
+and measurements, and the packed tables of BENCHMARKS.md show them."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from bench import table_blocks as tb
+from bench.kernels import _plan_micro_batches
 from bench.packed_training import (
     DEMO_CONFIG,
     ROW_LENGTHS,
     VARIANTS,
-    _plan_micro_batches,
     aggregate_variant,
     measure_plan_kernel,
     measure_step_kernel,
@@ -18,7 +19,6 @@ from bench.packed_training import (
     variant_overrides,
 )
 from bench.packing import packing_table
-from bench.render_packed import section_packed
 from bench.training import scaled_lengths
 from pipeline.core.config import load_config
 from pipeline.core.synthetic import seed902k_lengths
@@ -131,7 +131,7 @@ def test_plan_kernel_times_every_variant_against_sorted_static():
     assert v["packed"]["slots"] % (ROW_LENGTHS * 512) == 0
 
 
-def test_the_packed_rows_section_renders_the_measured_figures():
+def test_the_packed_tables_show_the_measured_figures():
     kernel = measure_step_kernel(tokens=600, repeats=1)
     assert set(kernel["seconds"]) == {"padded", "packed", "packed_block_mask"}
     assert kernel["packed_slots"] < kernel["padded_slots"] + kernel["row_tokens"]
@@ -155,102 +155,16 @@ def test_the_packed_rows_section_renders_the_measured_figures():
         "model": load_config(DEMO_CONFIG).model.model_dump(),
         "variants": {v: aggregate_variant([x], [runs["sorted"]]) for v, x in runs.items()},
     }
-    results = {
-        "meta": {
-            "command": "python -m jobs.benchmark --quick",
-            "date_utc": "2026-12-02 05:00 UTC",
-            "machine": {"cpu": "Test CPU", "cores": 2, "gpu": None},
-        },
-        "packed": {
-            "load_before": 3.25,
-            "load_after": 4.5,
-            "paper": paper,
-            "kernel": kernel,
-            "training": training,
-            "plan_kernel": plan_kernel,
-        },
-    }
-    text = "\n".join(section_packed(results))
-    assert "## Packed rows" in text and "`python -m jobs.benchmark --quick`" in text
-    assert "2026-12-02 05:00 UTC" in text and "Test CPU, 2 cores" in text and "3.2 -> 4.5" in text
-    assert f"| {331 / 300:.3f} |" in text and "ahead on CPU here: packed rows" in text
-    assert "(goal >= 1.00x: met)" in text
-    assert f"{kernel['seconds']['packed']:.3f}" in text
+    r = {"packed_training": {"packed": {"paper": paper, "kernel": kernel, "training": training,
+                                        "plan_kernel": plan_kernel}}}  # fmt: skip
+    text = "\n".join(
+        fn(r) for fn in (tb.packed_setup, tb.packed_training, tb.packed_compute, tb.packed_kernel)
+    ) + tb.packed_paper(r)  # fmt: skip
+    assert f"| {331 / 300:.3f} | 1.10 |" in text  # the ratio to sorted-static, its one round
+    assert f"| {kernel['seconds']['packed']:.3f} |" in text
     pk = plan_kernel["variants"]["packed"]
-    assert "### The training plans' compute" in text and "every 8th micro-batch" in text
-    assert f"computed at {pk['vs_sorted']:.3f}x" in text
+    assert "micro-batches (rank 0 of 2, 1 in 8)" in text
     assert f"| {pk['micro_batches']} | {pk['real_tokens']:,} |" in text
-    assert f"{paper['pack_epoch_s']:.2f} s" in text and "3,000 samples" in text
-    assert "token efficiency (8)" in text
-    assert section_packed({"meta": results["meta"]}) == [
-        "## Packed rows (`batching.mode: packed`)",
-        "",
-        "Not measured in this run.",
-        "",
-    ]
-
-
-def test_the_goal_line_says_when_the_rounds_fall_on_both_sides_of_it():
-    from bench.render_packed import _training
-
-    sorted_runs = [_run([1, 1, 300, 300, 300], [5, 4, 3, 2.5, 3.1]) for _ in range(3)]
-    packed_runs = [
-        _run([1, 1, r, r, r], [5, 4, 3, 2.9, 2.8]) for r in (290, 309, 321)
-    ]  # 0.967x, 1.03x, 1.07x of sorted-static
-    training = {
-        "config": DEMO_CONFIG,
-        "num_samples": 600,
-        "max_length": 512,
-        "token_budget": 16384,
-        "row_tokens": 2048,
-        "repeats": 3,
-        "warmup_steps_excluded": 2,
-        "model": load_config(DEMO_CONFIG).model.model_dump(),
-        "variants": {
-            "packed": aggregate_variant(packed_runs, sorted_runs),
-            "sorted": aggregate_variant(sorted_runs, sorted_runs),
-        },
-    }
-    text = "\n".join(_training(training))
-    assert "at 1.03x sorted-static's real tokens/s in this run" in text
-    assert (
-        "(goal >= 1.00x: met by the median, the rounds on both sides of it (0.97x-1.07x))" in text
-    )
-
-
-def test_the_plan_kernel_names_its_sampling_with_english_ordinals():
-    from bench.render_packed import _every
-
-    assert _every(1) == "every micro-batch" and _every(2) == "every second micro-batch"
-    assert [_every(n) for n in (3, 8, 11, 12, 13, 21, 22, 23, 112)] == [
-        f"every {s} micro-batch"
-        for s in ("3rd", "8th", "11th", "12th", "13th", "21st", "22nd", "23rd", "112th")
-    ]
-
-
-def test_a_variant_is_called_ahead_only_when_it_is_the_fastest_in_every_round():
-    from bench.render_packed import _ahead
-
-    def variants(packed, auto):
-        return {
-            "packed": {"vs_sorted_all": packed},
-            "sorted": {"vs_sorted_all": [1.0] * len(packed)},
-            "auto": {"vs_sorted_all": auto},
-        }
-
-    assert _ahead(variants([1.07, 1.03, 1.02], [0.99, 0.96, 0.99])) == (
-        "ahead on CPU here: packed rows, full shuffle (the fastest in all 3 rounds)"
-    )
-    assert _ahead(variants([1.07, 1.03, 0.98], [0.99, 0.96, 0.99])) == (
-        "no variant is ahead in every round on CPU here (the fastest by round: packed rows, "
-        "full shuffle; packed rows, full shuffle; padded, sorted-static)"
-    )
-    assert _ahead(variants([0.97], [0.99])) == "ahead on CPU here: padded, sorted-static"
-
-
-def test_results_without_per_round_ratios_render_on_their_medians():
-    from bench.render_packed import _ahead
-
-    assert _ahead({"packed": {"vs_sorted": 1.02}, "sorted": {"vs_sorted": 1.0}}) == (
-        "ahead on CPU here: packed rows, full shuffle"
-    )
+    assert f"| 3,000 | {paper['attention_width']:,} |" in text and "token efficiency (8)" in text
+    assert f"| {paper['pack_epoch_s']:.2f} |" in text
+    assert "nan" not in text and "None" not in text

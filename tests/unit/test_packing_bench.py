@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.packing import packing_table, pair_repeat, render
+from bench.packing import packing_table, pair_repeat
 from pipeline.core.synthetic import seed902k_lengths
 
 
@@ -31,4 +31,4 @@ def test_the_table_scores_padded_and_packed_policies_at_each_world_size():
     for r in t["rows"]:
         assert r["by_world_size"][1]["max_over_mean"] == 1.0
         assert 0 < r["by_world_size"][4]["useful_over_paid"] <= 1
-    assert "| packed: full shuffle, balanced |" in render(t)
+    assert t["pack_epoch_s"] == sorted(t["pack_epoch_s_all"])[1]  # the median of three epochs

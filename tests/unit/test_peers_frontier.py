@@ -8,16 +8,21 @@ import warnings
 import numpy as np
 import pytest
 
-from bench.peers import equal_mass_boundaries, hf_length_grouped, lhotse_style
-from bench.policies import compare_policies, megabatch_order
-from bench.report_plot import plot_frontier
 from pipeline.core.buckets import optimize_all
-from pipeline.core.config import BatchingConfig, PlanConfig
+from pipeline.core.config import DEFAULT_TOKEN_BUDGET, BatchingConfig, PlanConfig
 from pipeline.core.epochs import auto_edges
 from pipeline.core.frontier import frontier, recomposition_floor
 from pipeline.core.metrics import batch_recomposition, micro_batch_padded
 from pipeline.core.plan import epoch_plan
 from pipeline.core.synthetic import seed902k_lengths
+from pipeline.report.peers import (
+    equal_mass_boundaries,
+    hf_length_grouped,
+    lhotse_style,
+    megabatch_order,
+)
+from pipeline.report.plot import plot_frontier
+from pipeline.report.policies import compare_policies
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +38,7 @@ def _eff(lengths, ids, offsets):
 @pytest.mark.parametrize("world_size", [1, 8])
 def test_hf_simulation_matches_the_real_transformers_samplers(lengths, world_size):
     pytest.importorskip("transformers")
-    from bench import hf_peers
+    from pipeline.report import hf_peers
 
     real = hf_peers.length_grouped(lengths, 32, world_size, seed=0)
     sim = hf_length_grouped(lengths, 32, world_size, seed=0)
@@ -67,7 +72,7 @@ def test_lhotse_style_is_lossless_sum_bounded_and_equal_mass(lengths):
 
 
 def test_sorted_reference_under_a_budget_is_cut_greedily_not_fixed(lengths):
-    bat = BatchingConfig(token_budget=65_536)
+    bat = BatchingConfig(token_budget=DEFAULT_TOKEN_BUDGET)
     scores = {s.name: s for s in compare_policies(lengths, {}, batching=bat)}
     ref = epoch_plan(
         lengths,
@@ -78,16 +83,18 @@ def test_sorted_reference_under_a_budget_is_cut_greedily_not_fixed(lengths):
         plan=PlanConfig(policy="sorted"),
     )
     assert scores["sorted"].steps == ref.num_steps
-    fixed = lengths.size // (65_536 // int(lengths.max()))
+    fixed = lengths.size // (DEFAULT_TOKEN_BUDGET // int(lengths.max()))
     assert scores["sorted"].steps < fixed / 4  # budget // max length would take 4x the steps
     assert scores["lhotse"].over_budget > 0  # lhotse's sum rule is not a padded cap
     old = {
         s.name: s
         for s in compare_policies(
-            lengths, {}, batching=BatchingConfig(token_budget=65_536, fill="fixed_per_bucket")
+            lengths,
+            {},
+            batching=BatchingConfig(token_budget=DEFAULT_TOKEN_BUDGET, fill="fixed_per_bucket"),
         )
     }
-    assert old["sorted"].batch_size == 65_536 // int(lengths.max()) // 8 * 8
+    assert old["sorted"].batch_size == DEFAULT_TOKEN_BUDGET // int(lengths.max()) // 8 * 8
 
 
 def test_recomposition_floor_matches_the_measured_share_of_a_fresh_shuffle(lengths):
@@ -106,7 +113,7 @@ def test_recomposition_floor_matches_the_measured_share_of_a_fresh_shuffle(lengt
 def test_frontier_trades_efficiency_against_the_floor_and_auto_respects_the_ceiling(
     lengths, tmp_path
 ):
-    bat, cfg = BatchingConfig(token_budget=65_536), PlanConfig()
+    bat, cfg = BatchingConfig(token_budget=DEFAULT_TOKEN_BUDGET), PlanConfig()
     pts = frontier(lengths, bat, cfg, 1, [1, 4, 16, 32])
     assert [p.k for p in pts] == [1, 4, 16, 32]
     assert all(a.efficiency < b.efficiency for a, b in zip(pts[:-1], pts[1:], strict=True))

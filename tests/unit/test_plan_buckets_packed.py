@@ -1,5 +1,6 @@
 """jobs.plan_buckets for packed rows: --row-tokens adds the packed epoch to the report (text and
-JSON), --dump-plan writes its rows with each sample's row, and bad packed flags are one line."""
+JSON), --dump-plan writes its rows with each sample's row, and bad packed flags are one line: the
+config module's refusal of the run config they make."""
 
 from __future__ import annotations
 
@@ -50,9 +51,9 @@ def test_packed_report_and_dump_are_the_packed_epoch(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("flags", "needle"),
     [
-        (["--row-tokens", 1020], "--row-tokens=1020 is not a multiple of --pad-to-multiple-of=8"),
-        (["--row-tokens", 256], "--row-tokens=256 is below the top bucket edge"),
-        (["--row-tokens", 1024, "--rows-per-step", 3, "--world-size", 2], "--world-size 2"),
+        (["--row-tokens", 1020], "batching.row_tokens=1020 is not a multiple of batching.pad_to"),
+        (["--row-tokens", 256], "batching.row_tokens=256 is below data.max_length=512"),
+        (["--row-tokens", 1024, "--rows-per-step", 3, "--world-size", 2], "the world size 2"),
     ],
 )
 def test_packed_flag_errors_are_one_line_with_the_fix(tmp_path, capsys, flags, needle):

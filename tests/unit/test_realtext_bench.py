@@ -1,13 +1,13 @@
-"""The real-text benchmark's pieces: per-bucket curves at each bucket's own steps, the PNG, and
-the rendered readability verdict (figures come from the results, nothing hard-coded)."""
+"""The real-text benchmark's pieces: per-bucket curves at each bucket's own steps, the PNG, and the
+runs' overrides."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from bench import render, render_quality
+from bench.plots import plot_bucket_curves
 from bench.quality import loss_readability
-from bench.realtext import bucket_curves, plot_bucket_curves
+from bench.realtext import bucket_curves
 
 
 def _fake_result(n: int = 60) -> dict:
@@ -45,18 +45,6 @@ def test_offsets_make_the_raw_curve_jumpy_and_the_plot_is_written(tmp_path):
     assert r["readability"]["ratio"] < 0.5  # constructed offsets: debiasing removes the jumps
     path = plot_bucket_curves(r, tmp_path / "rt.png")
     assert (tmp_path / "rt.png").stat().st_size > 5000 and path.endswith("rt.png")
-
-
-def test_the_headline_states_the_real_and_the_synthetic_ratio():
-    r = _fake_result()
-    syn = {"ratio": 1.7}
-    results = {"training": {"realtext": r, "readability": {"optimal:auto": syn}}}
-    line = " ".join(render._realtext_verdict(results))
-    assert f"{r['readability']['ratio']:.2f} on the Python 3.11.7" in line
-    assert "**met**" in line and "1.70 on the synthetic corpus" in line
-    body = "\n".join(render_quality._realtext_section(results["training"], "B.md", {}))
-    assert "18,237 samples" in body and f"{r['readability']['ratio']:.2f} |" in body
-    assert render._realtext_verdict({"training": {}}) == []
 
 
 def test_the_runs_overrides_load_on_the_default_config(tmp_path):

@@ -14,21 +14,27 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.policies import (
-    auto_search,
-    compare_policies,
-    fixed_batch_size,
-    megabatch_order,
-    order_score,
-    plan_score,
-)
 from jobs.plan_buckets import main
 from pipeline.core import epochs
 from pipeline.core.buckets import optimize_all
-from pipeline.core.config import TEAM_EDGES, FixedBatching, TokenBudgetBatching, load_config
+from pipeline.core.config import (
+    DEFAULT_TOKEN_BUDGET,
+    TEAM_EDGES,
+    FixedBatching,
+    TokenBudgetBatching,
+    load_config,
+)
 from pipeline.core.metrics import truncation_counts
 from pipeline.core.plan import epoch_plan
 from pipeline.core.synthetic import seed902k_lengths
+from pipeline.report.peers import megabatch_order
+from pipeline.report.policies import (
+    auto_search,
+    compare_policies,
+    fixed_batch_size,
+    order_score,
+    plan_score,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXED32 = FixedBatching(batch_size=32)
@@ -40,7 +46,9 @@ def lengths50k() -> np.ndarray:
 
 
 @pytest.mark.parametrize(
-    "batching", [FIXED32, TokenBudgetBatching(token_budget=65_536)], ids=["B32", "T64K"]
+    "batching",
+    [FIXED32, TokenBudgetBatching(token_budget=DEFAULT_TOKEN_BUDGET)],
+    ids=["B32", "T64K"],
 )
 def test_sorted_is_the_max_random_the_min_and_more_buckets_help(lengths50k, batching):
     table = optimize_all(lengths50k, 32)
@@ -138,8 +146,18 @@ def test_megabatch_default_window_is_hf_mult_and_longest_sample_comes_first():
 
 def test_non_bucketed_batch_fits_the_worst_case_under_the_token_budget():
     lengths = np.array([10, 500, 4000])
-    assert fixed_batch_size(lengths, TokenBudgetBatching(token_budget=65_536, round_to=1)) == 16
-    assert fixed_batch_size(lengths, TokenBudgetBatching(token_budget=65_536, round_to=8)) == 16
+    assert (
+        fixed_batch_size(
+            lengths, TokenBudgetBatching(token_budget=DEFAULT_TOKEN_BUDGET, round_to=1)
+        )
+        == 16
+    )
+    assert (
+        fixed_batch_size(
+            lengths, TokenBudgetBatching(token_budget=DEFAULT_TOKEN_BUDGET, round_to=8)
+        )
+        == 16
+    )
     assert fixed_batch_size(lengths, FIXED32) == 32
 
 
@@ -286,11 +304,11 @@ def _bad_npy(tmp_path: Path, name: str, array) -> Path:
     [
         (
             lambda t: ["--preset", "seed902k", "--num-samples", 100, "--edges", "0,500,300"],
-            "--edges must be strictly increasing",
+            "buckets.edges must be strictly increasing",
         ),
         (
             lambda t: ["--preset", "seed902k", "--num-samples", 100, "--edges", "10,500"],
-            "--edges must start at 0",
+            "buckets.edges must start at 0",
         ),
         (
             lambda t: ["--preset", "seed902k", "--num-samples", 2000, "--edges", "0,500,1000"],
@@ -304,16 +322,20 @@ def _bad_npy(tmp_path: Path, name: str, array) -> Path:
         ),
         (lambda t: ["--lengths-npy", _bad_npy(t, "z.npy", np.array([3, 0, 5]))], "length < 1"),
         (
-            lambda t: ["--preset", "seed902k", "--num-samples", 100, "--num-buckets", 0],
-            "--num-buckets",
-        ),
-        (
             lambda t: ["--preset", "seed902k", "--num-samples", 100, "--num-buckets", 65],
-            "--max-buckets",
+            "buckets.num_buckets=65 exceeds buckets.max_buckets=64",
         ),
         (
             lambda t: ["--preset", "seed902k", "--num-samples", 100, "--target-efficiency", 1.5],
-            "--target-efficiency",
+            "buckets.target_efficiency: Input should be less than or equal to 1, got 1.5",
+        ),
+        (
+            lambda t: ["--preset", "seed902k", "--num-samples", 100, "--token-budget", 100],
+            "batching.token_budget=100 is below data.max_length=8192",
+        ),
+        (
+            lambda t: ["--preset", "seed902k", "--num-samples", 100, "--set", "plan.sed=1"],
+            "plan.sed",
         ),
     ],
 )
@@ -328,6 +350,7 @@ def test_cli_errors_are_one_line_with_the_fix_and_exit_2(tmp_path, capsys, make_
     "argv, needle",
     [
         (["--num-buckets", "many"], "--num-buckets"),
+        (["--num-buckets", "0"], "argument --num-buckets: expected an integer >= 1 or 'auto'"),
         (["--batch-size", "0"], "argument --batch-size: must be >= 1, got 0"),
         (["--world-size", "0"], "argument --world-size: must be >= 1, got 0"),
         (["--num-samples", "-5"], "argument --num-samples: must be >= 1, got -5"),

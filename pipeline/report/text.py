@@ -1,8 +1,8 @@
-"""The padding report (`bench.report.build_report`) as readable plain text."""
+"""The bucket report (`build.build_report`, `build.packed_report`) as readable plain text."""
 
 from __future__ import annotations
 
-__all__ = ["render_text", "truncation_line"]
+__all__ = ["packed_line", "render_text", "truncation_line"]
 
 
 def truncation_line(t: dict) -> str:
@@ -90,3 +90,13 @@ def render_text(report: dict) -> str:
     )
     out.append("timings: " + ", ".join(f"{k.removesuffix('_s')} {v:.3f}s" for k, v in t.items()))
     return "\n".join(out)
+
+
+def packed_line(s: dict) -> str:
+    """The packed epoch (`build.packed_report`'s summary) in one line."""
+    return (
+        f"packed rows: {s['rows']:,} rows in {s['steps']:,} steps, edges {s['edges']}; row fill "
+        f"{s['row_fill']:.3f}, {s['docs_per_row']:.2f} documents per row; rank cost max / mean "
+        f"{s['rank_max_over_mean']:.3f}, useful / paid {s['useful_over_paid']:.3f} (attention "
+        f"width {s['attention_width']}); plan hash {s['hash']}"
+    )

@@ -1,4 +1,4 @@
-"""The padding report (`bench.report.build_report`) and the K frontier
+"""The bucket report (`build.build_report`) and the K frontier
 (`pipeline.core.frontier.frontier`) as PNGs; matplotlib is imported lazily, inside the functions,
 so importing this module costs nothing."""
 

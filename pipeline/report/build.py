@@ -1,31 +1,38 @@
-"""Padding report: the bucket report of one set of sample lengths (a JSON-ready dict).
+"""The bucket report of one run config's batching on a set of sample lengths (a JSON-ready dict).
 
-The chosen edges (given, optimal for K, or `auto`), their epoch plan, per-bucket sizes and the
-policy table scored by `bench.policies` (the policies, their scores and `auto_search` are
-imported from there). The text rendering is `report_text.render_text`, the PNG
-`report_plot.plot_report`. Pure numpy.
+The run's edges (`pipeline.core.epochs.resolve_edges`: given, optimal for K, or `auto`), their
+epoch plan, per-bucket sizes and the policy table scored by `policies`; with batching.mode=packed,
+the packed epoch (`packed_report`). The text rendering is `text.render_text`, the PNG
+`plot.plot_report`. Pure numpy.
 """
 
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
+from typing import NamedTuple
 
 import numpy as np
 
-from bench.policies import PolicyScore, auto_search, compare_policies, fixed_batch_size
 from pipeline.core.buckets import EdgeTable, optimize_all, padded_to_edges
-from pipeline.core.config import TEAM_EDGES, Batching, PlanConfig
-from pipeline.core.frontier import frontier
-from pipeline.core.plan import (
-    EpochPlan,
-    epoch_plan,
-    global_batch_sizes,
+from pipeline.core.config import (
+    TEAM_EDGES,
+    Batching,
+    OptimisedBuckets,
+    PackedBatching,
+    RunConfig,
 )
+from pipeline.core.epochs import epoch_plan_for, packing_spec, resolve_edges
+from pipeline.core.frontier import frontier
+from pipeline.core.packing import packed_summary
+from pipeline.core.plan import EpochPlan, global_batch_sizes
+from pipeline.report.policies import PolicyScore, auto_details, compare_policies, fixed_batch_size
 
-__all__ = ["bucket_rows", "build_report"]
+__all__ = ["bucket_rows", "build_report", "packed_report"]
 
+MAX_BUCKETS = OptimisedBuckets.model_fields["max_buckets"].default
 DEFAULT_COMPARE_KS = (6, 16, 32, 64)
 
 
@@ -82,67 +89,56 @@ def _timed(log: Callable[[str], None], what: str, fn: Callable):
 
 def _choose_edges(
     lengths: np.ndarray,
-    edges: Sequence[int] | None,
-    num_buckets: int | str,
-    *,
-    batching: Batching,
-    target: float,
-    max_k: int,
-    world_size: int,
-    seed: int,
-    plan: PlanConfig | None,
+    cfg: RunConfig,
     compare_ks: Sequence[int],
-    max_floor: float | None,
     timings: dict[str, float],
     log: Callable[[str], None],
 ) -> tuple[dict, EdgeTable, list[int]]:
-    """The chosen edges (given, optimal for K, or auto), the optimiser's table and the Ks to
-    compare; records the optimiser's and the auto search's times in `timings`."""
+    """The run's edges (`resolve_edges`: given, optimal for K, or auto), the optimiser's table and
+    the Ks to compare; records the optimiser's and the edge choice's times in `timings`."""
+    b = cfg.buckets
+    asked = "given" if b.edges is not None else b.num_buckets
+    max_k = b.max_buckets if b.edges is None else MAX_BUCKETS
     ks = sorted(
-        {k for k in compare_ks if k <= max_k}
-        | ({num_buckets} if isinstance(num_buckets, int) else set())
+        {k for k in compare_ks if k <= max_k} | ({asked} if isinstance(asked, int) else set())
     )
-    need_k = max(ks + ([max_k] if num_buckets == "auto" else []), default=1)
+    need_k = max(ks + ([max_k] if asked == "auto" else []), default=1)
     table, timings["optimize_all_s"] = _timed(
         log,
         f"optimize_all(max_k={need_k}) on {lengths.size:,} samples",
         lambda: optimize_all(lengths, need_k),
     )
-    if edges is not None:
-        chosen = {"name": "edges:given", "source": "given", "edges": [int(e) for e in edges]}
-    elif num_buckets == "auto":
-        res, timings["auto_search_s"] = _timed(
-            log,
-            f"auto search (target {target})",
-            lambda: auto_search(
-                lengths,
-                batching,
-                target=target,
-                max_k=max_k,
-                world_size=world_size,
-                seed=seed,
-                plan=plan,
-                table=table,
-                max_floor=max_floor,
-            ),
+    if asked == "given":
+        edges = [int(e) for e in resolve_edges(cfg, lengths)]
+        chosen = {"name": "edges:given", "source": "given", "edges": edges}
+    elif asked == "auto":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a missed target is reported in the result instead
+            edges, timings["auto_search_s"] = _timed(
+                log,
+                f"auto search (target {b.target_efficiency})",
+                lambda: [int(e) for e in resolve_edges(cfg, lengths)],
+            )
+        res = auto_details(
+            lengths,
+            edges,
+            cfg.batching,
+            target=b.target_efficiency,
+            world_size=cfg.scaling.num_workers,
+            plan=cfg.plan,
+            table=table,
         )
-        chosen = {
-            "name": f"optimal:{res.k}",
-            "source": "auto",
-            "edges": res.edges,
-            "auto": asdict(res),
-        }
+        chosen = {"name": f"optimal:{res.k}", "source": "auto", "edges": edges, "auto": asdict(res)}
         ks = sorted(set(ks) | {res.k})
         # The optimiser alone, for the chosen K (the auto figure above includes the plans).
         _, timings["optimize_s"] = _timed(
             log, f"optimize(K={res.k})", lambda: optimize_all(lengths, res.k)
         )
     else:
-        k = int(num_buckets)
-        e, timings["optimize_s"] = _timed(
-            log, f"optimize(K={k})", lambda: optimize_all(lengths, k).for_k(k)
+        edges, timings["optimize_s"] = _timed(
+            log, f"optimize(K={asked})", lambda: [int(e) for e in resolve_edges(cfg, lengths)]
         )
-        chosen = {"name": f"optimal:{k}", "source": "optimal", "edges": e}
+        chosen = {"name": f"optimal:{asked}", "source": "optimal", "edges": edges}
     chosen["num_buckets"] = len(chosen["edges"]) - 1
     return chosen, table, ks
 
@@ -193,15 +189,11 @@ def _plan_summary(the_plan: EpochPlan) -> dict:
 
 def _simulate(
     lengths: np.ndarray,
+    cfg: RunConfig,
     chosen: dict,
     table: EdgeTable,
     ks: Sequence[int],
-    *,
-    batching: Batching,
-    world_size: int,
-    seed: int,
     epoch: int,
-    plan: PlanConfig | None,
     timings: dict[str, float],
     log: Callable[[str], None],
 ) -> tuple[dict[str, list[int]], list[PolicyScore]]:
@@ -220,11 +212,11 @@ def _simulate(
         lambda: compare_policies(
             lengths,
             edge_sets,
-            batching=batching,
-            world_size=world_size,
-            seed=seed,
+            batching=cfg.batching,
+            world_size=cfg.scaling.num_workers,
+            seed=cfg.plan.seed,
             epoch=epoch,
-            plan=plan,
+            plan=cfg.plan,
         ),
     )
     return edge_sets, scores
@@ -242,89 +234,45 @@ def _to_upper_edge(lengths: np.ndarray, edges: Sequence[int]) -> dict:
     }
 
 
-def _frontier_rows(
-    lengths: np.ndarray,
-    batching: Batching,
-    plan: PlanConfig | None,
-    seed: int,
-    world_size: int,
-    frontier_ks: Sequence[int],
-    timings: dict[str, float],
-    log: Callable[[str], None],
-) -> list[dict]:
-    """Per K: efficiency, steps and recomposition floor; records its time in `timings`."""
-    plan_cfg = (plan or PlanConfig()).model_copy(update={"seed": seed})
-    pts, timings["frontier_s"] = _timed(
-        log,
-        f"frontier over {len(frontier_ks)} values of K",
-        lambda: frontier(lengths, batching, plan_cfg, world_size, frontier_ks),
-    )
-    return [p.to_dict() for p in pts]
+class _Lengths(NamedTuple):
+    """The length index `epoch_plan_for` plans from, for lengths held in memory."""
+
+    lengths: np.ndarray
+    sample_ids: np.ndarray | None
 
 
 def build_report(
     lengths: np.ndarray,
+    cfg: RunConfig,
     *,
-    batching: Batching,
-    edges: Sequence[int] | None = None,
-    num_buckets: int | str = "auto",
-    target: float = 0.97,
-    max_k: int = 64,
-    world_size: int = 1,
-    seed: int = 0,
     epoch: int = 0,
-    plan: PlanConfig | None = None,
     sample_ids: np.ndarray | None = None,
     compare_ks: Sequence[int] = DEFAULT_COMPARE_KS,
-    max_floor: float | None = None,
     frontier_ks: Sequence[int] = (),
     log: Callable[[str], None] = lambda _: None,
 ) -> tuple[dict, EpochPlan]:
-    """The bucket report (a JSON-ready dict) and the epoch plan of the chosen edges.
+    """The bucket report of a padded run config (a JSON-ready dict) and the epoch plan of its edges.
 
-    The chosen edges are `edges` when given, else optimal for `num_buckets` (an int, or "auto"
-    for `auto_search`). The policy table always holds sorted, random, megabatch, the team's six
-    edges (when every length fits under them), the chosen edges and optimal:K for `compare_ks`.
-    `log` receives progress and timing lines (the CLI prints them on stderr).
+    The edges are the run's (`pipeline.core.epochs.resolve_edges`), planned as the run plans
+    them (`epoch_plan_for`, on `scaling.num_workers` ranks, seeded by `plan.seed`). The policy
+    table always holds sorted, random, megabatch, the team's six edges (when every length fits
+    under them), the chosen edges and optimal:K for `compare_ks`. `log` receives progress and
+    timing lines (the CLI prints them on stderr).
     """
+    if isinstance(cfg.batching, PackedBatching):
+        raise ValueError("build_report scores padded batches: give it a padded batching section")
     lengths = np.asarray(lengths, dtype=np.int64)
-    plan = (plan or PlanConfig()).model_copy(update={"seed": seed})  # the plan's seed is `seed`
+    batching, world_size, seed = cfg.batching, cfg.scaling.num_workers, cfg.plan.seed
     timings: dict[str, float] = {}
-    # The arguments every stage shares; each stage records its time in `timings`.
-    common = {
-        "batching": batching,
-        "world_size": world_size,
-        "seed": seed,
-        "plan": plan,
-        "timings": timings,
-        "log": log,
-    }
-    chosen, table, ks = _choose_edges(
-        lengths,
-        edges,
-        num_buckets,
-        target=target,
-        max_k=max_k,
-        compare_ks=compare_ks,
-        max_floor=max_floor,
-        **common,
-    )
-
+    chosen, table, ks = _choose_edges(lengths, cfg, compare_ks, timings, log)
     the_plan, timings["plan_s"] = _timed(
         log,
         f"epoch_plan({chosen['name']}, world_size={world_size})",
-        lambda: epoch_plan(
-            lengths,
-            chosen["edges"],
-            batching=batching,
-            world_size=world_size,
-            epoch=epoch,
-            plan=plan,
-            sample_ids=sample_ids,
+        lambda: epoch_plan_for(
+            cfg, _Lengths(lengths, sample_ids), chosen["edges"], epoch, world_size
         ),
     )
-
-    edge_sets, scores = _simulate(lengths, chosen, table, ks, epoch=epoch, **common)
+    edge_sets, scores = _simulate(lengths, cfg, chosen, table, ks, epoch, timings, log)
     report = {
         "lengths": _length_stats(lengths),
         "batching": {
@@ -342,7 +290,36 @@ def build_report(
         "timings": timings,
     }
     if frontier_ks:  # per K: efficiency, steps and recomposition floor (--frontier-png)
-        report["frontier"] = _frontier_rows(
-            lengths, batching, plan, seed, world_size, frontier_ks, timings, log
+        pts, timings["frontier_s"] = _timed(
+            log,
+            f"frontier over {len(frontier_ks)} values of K",
+            lambda: frontier(lengths, batching, cfg.plan, world_size, frontier_ks),
         )
+        report["frontier"] = [p.to_dict() for p in pts]
     return report, the_plan
+
+
+def packed_report(
+    lengths: np.ndarray,
+    cfg: RunConfig,
+    *,
+    epoch: int = 0,
+    sample_ids: np.ndarray | None = None,
+    log: Callable[[str], None] = lambda _: None,
+) -> tuple[dict, EpochPlan]:
+    """The packed epoch of a `batching.mode=packed` run config, as the run packs it (its edges
+    from `resolve_edges`: `auto` is one bucket, a full shuffle; `epoch_plan_for` with the run's
+    `packing_spec`), and its summary (`pipeline.core.packing.packed_summary`)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    edges = [int(e) for e in resolve_edges(cfg, lengths)]
+    t = time.perf_counter()
+    plan = epoch_plan_for(cfg, _Lengths(lengths, sample_ids), edges, epoch, cfg.scaling.num_workers)
+    seconds = time.perf_counter() - t
+    log(f"packed epoch {epoch} in {seconds:.2f}s")
+    summary = {
+        **packed_summary(plan),
+        "edges": edges,
+        "attention_width": packing_spec(cfg).attention_width,
+        "pack_seconds": seconds,
+    }
+    return summary, plan

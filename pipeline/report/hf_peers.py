@@ -3,7 +3,7 @@
 `transformers` is an optional extra: `available()` says whether it imports. The samplers are run
 exactly as a Trainer would run them, one instance per rank, and their micro-batches are returned
 in (step, rank) order for `pipeline.core.metrics.micro_batch_padded`. The pure-numpy simulation in
-`bench.peers.hf_length_grouped` is held to these within 0.005 by a test.
+`peers.hf_length_grouped` is held to these within 0.005 by a test.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ rounded up to `pad_to_multiple_of` (never beyond the bucket's upper edge for buc
 and efficiency is real tokens / padded slots. Policies: `sorted` (all lengths sorted: the static
 upper bound; under a token budget with greedy fill, cut greedily to the budget like fairseq's
 `batch_by_size`, the reference for steps too), `random` (one permutation), `megabatch` (HF
-`group_by_length` per rank, `bench.peers`), `lhotse` (lhotse-style dynamic bucketing at
+`group_by_length` per rank, `peers`), `lhotse` (lhotse-style dynamic bucketing at
 max_duration = the budget; token budget only), and bucketed ones (`edges:<name>`,
 `optimal:K`) run through the real `epoch_plan`. `auto_search` reports the K that `num_buckets:
 auto` picks (`pipeline.core.epochs.auto_edges`). Pure numpy, no per-sample Python loops.
@@ -19,28 +19,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bench.peers import hf_length_grouped, lhotse_style
 from pipeline.core.buckets import EdgeTable, optimize_all
 from pipeline.core.config import Batching, PlanConfig
 from pipeline.core.epochs import auto_edges, simulated_efficiency
 from pipeline.core.metrics import micro_batch_padded
-from pipeline.core.orders import (
-    HF_MEGABATCH_STREAM,
-    MEGABATCH_MULT,
-    REPORT_RANDOM_STREAM,
-    length_order,
-    megabatch_window,
-)
-from pipeline.core.orders import megabatch_order as core_megabatch_order
-from pipeline.core.plan import (
-    EpochPlan,
-    epoch_plan,
-    global_batch_sizes,
-    split_offsets,
-)
+from pipeline.core.orders import REPORT_RANDOM_STREAM, length_order
+from pipeline.core.plan import EpochPlan, epoch_plan, global_batch_sizes, split_offsets
+from pipeline.report.peers import hf_length_grouped, lhotse_style
 
 __all__ = [
-    "MEGABATCH_MULT",
     "POLICY_LABELS",
     "policy_label",
     "PolicyScore",
@@ -48,10 +35,10 @@ __all__ = [
     "fixed_batch_size",
     "sorted_order",
     "random_order",
-    "megabatch_order",
     "order_score",
     "plan_score",
     "compare_policies",
+    "auto_details",
     "auto_search",
 ]
 
@@ -128,28 +115,6 @@ def random_order(lengths: np.ndarray, seed: int = 0) -> np.ndarray:
     return np.random.default_rng((seed, REPORT_RANDOM_STREAM)).permutation(np.asarray(lengths).size)
 
 
-def megabatch_order(
-    lengths: np.ndarray,
-    batch_size: int,
-    seed: int = 0,
-    *,
-    mult: int | None = None,
-    longest_first: bool = True,
-) -> np.ndarray:
-    """HF `group_by_length` order: a random permutation cut into windows of `mult` batches, each
-    window sorted by length descending (stable, like Python's `sorted(..., reverse=True)`).
-
-    `mult` defaults to HF's min(n // (4 * batch_size), 50), at least 1. With `longest_first`, HF
-    swaps the head of the window holding the longest sample with the head of window 0, so an OOM
-    shows at the first step. Batches here are global batches (split over ranks afterwards),
-    which is exact for one rank and HF's per-process view scaled up for several.
-    """
-    lengths = np.asarray(lengths, dtype=np.int64)
-    window = megabatch_window(lengths.size, batch_size, mult)
-    rng = np.random.default_rng((seed, HF_MEGABATCH_STREAM))
-    return core_megabatch_order(lengths, window, rng, longest_first=longest_first)
-
-
 def _micro_offsets(global_sizes: np.ndarray, world_size: int) -> np.ndarray:
     """Flat offsets of every (step, rank) micro-batch, split by the plan's rule (`split_offsets`)."""
     step_offsets = np.concatenate([[0], np.cumsum(np.asarray(global_sizes, dtype=np.int64))])
@@ -212,7 +177,7 @@ def compare_policies(
     budget (sorted: fairseq's `batch_by_size`, the reference for steps and padding) and `lhotse`
     adds lhotse-style dynamic bucketing at max_duration = budget; otherwise they use the fixed
     batch of `fixed_batch_size`. `megabatch` is HF `group_by_length` with B // world_size samples
-    per rank (`bench.peers.hf_length_grouped`, held to the real samplers by a test).
+    per rank (`peers.hf_length_grouped`, held to the real samplers by a test).
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     B = fixed_batch_size(lengths, batching)
@@ -262,6 +227,30 @@ def compare_policies(
     return scores
 
 
+def auto_details(
+    lengths: np.ndarray,
+    edges: list[int],
+    batching: Batching,
+    *,
+    target: float,
+    world_size: int = 1,
+    plan: PlanConfig | None = None,
+    table: EdgeTable | None = None,
+) -> AutoResult:
+    """What the `auto` edges a run resolved (`pipeline.core.epochs.resolve_edges`) reach: their K,
+    their simulated efficiency and, since efficiency is only near-monotone in K, the efficiency
+    at K - 1 (a value at or above the target there would expose a wiggle the search stepped
+    over)."""
+    plan_cfg = plan or PlanConfig()
+    k = len(edges) - 1
+    eff = simulated_efficiency(lengths, edges, batching, plan_cfg, world_size)
+    below = None
+    if k > 1:
+        table = table if table is not None and max(table.edges) >= k else optimize_all(lengths, k)
+        below = simulated_efficiency(lengths, table.for_k(k - 1), batching, plan_cfg, world_size)
+    return AutoResult(k, list(edges), eff, target, eff >= target, below)
+
+
 def auto_search(
     lengths: np.ndarray,
     batching: Batching,
@@ -274,22 +263,13 @@ def auto_search(
     table: EdgeTable | None = None,
     max_floor: float | None = None,
 ) -> AutoResult:
-    """The K that `buckets.num_buckets: auto` gives training, with the efficiencies behind it.
-
-    The choice itself is `pipeline.core.epochs.auto_edges` (one `optimize_all` run, then a doubling
-    and bisection search over K, each candidate scored on a real epoch-0 plan), so the report
-    shows exactly what a run would use. Efficiency is only near-monotone in K, so the result
-    also carries the efficiency at K - 1: a value at or above the target there would expose a
-    wiggle the search stepped over.
-    """
+    """The K that `buckets.num_buckets: auto` gives training (`pipeline.core.epochs.auto_edges`,
+    a doubling and bisection search over K, each candidate scored on a real epoch-0 plan), with
+    `auto_details`."""
     plan_cfg = (plan or PlanConfig()).model_copy(update={"seed": seed})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a missed target is reported in the result instead
         edges = auto_edges(lengths, batching, plan_cfg, target, max_k, world_size, max_floor)
-    k = len(edges) - 1
-    eff = simulated_efficiency(lengths, edges, batching, plan_cfg, world_size)
-    below = None
-    if k > 1:
-        table = table if table is not None and max(table.edges) >= k else optimize_all(lengths, k)
-        below = simulated_efficiency(lengths, table.for_k(k - 1), batching, plan_cfg, world_size)
-    return AutoResult(k, edges, eff, target, eff >= target, below)
+    return auto_details(
+        lengths, edges, batching, target=target, world_size=world_size, plan=plan_cfg, table=table
+    )

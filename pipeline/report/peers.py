@@ -8,8 +8,9 @@
   rank's DataLoader then takes `per_device_batch` consecutive indices per step. The step's
   samples are therefore spread over W x per_device_batch positions of the order, across
   megabatch boundaries, which is why several ranks pad far worse than one. Only the permutation's
-  source differs from transformers (numpy here, torch.randperm there); `bench.hf_peers`
-  runs the real samplers, and a test holds the two within 0.005 at 1 and 8 ranks.
+  source differs from transformers (numpy here, torch.randperm there); `hf_peers` runs the
+  real samplers, and a test holds the two within 0.005 at 1 and 8 ranks. `megabatch_order` is
+  the order alone (the report's megabatch row), on one stream with the sampler's first rank.
 - `lhotse_style`: lhotse's `DynamicBucketingSampler` in its large-buffer limit: bucket boundaries
   of equal total length (equal mass), each bucket's samples shuffled, batches filled while the
   *sum* of lengths stays within `max_duration` (the sample that breaks it opens the next batch;
@@ -24,17 +25,32 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.core.batching import greedy_sizes
-from pipeline.core.orders import (
-    HF_MEGABATCH_STREAM,
-    LHOTSE_STREAM,
-    MEGABATCH_MULT,
-    megabatch_order,
-    megabatch_window,
-)
+from pipeline.core.orders import HF_MEGABATCH_STREAM, LHOTSE_STREAM, megabatch_window
+from pipeline.core.orders import megabatch_order as core_megabatch_order
 
-__all__ = ["hf_length_grouped", "equal_mass_boundaries", "lhotse_style", "HF_MEGABATCH_MULT"]
+__all__ = ["megabatch_order", "hf_length_grouped", "equal_mass_boundaries", "lhotse_style"]
 
-HF_MEGABATCH_MULT = MEGABATCH_MULT  # transformers' cap on megabatch_mult
+
+def megabatch_order(
+    lengths: np.ndarray,
+    batch_size: int,
+    seed: int | tuple = 0,
+    *,
+    mult: int | None = None,
+    longest_first: bool = True,
+) -> np.ndarray:
+    """HF `group_by_length` order: a random permutation cut into windows of `mult` batches, each
+    window sorted by length descending (stable, like Python's `sorted(..., reverse=True)`).
+
+    `mult` defaults to HF's min(n // (4 * batch_size), 50), at least 1. With `longest_first`, HF
+    swaps the head of the window holding the longest sample with the head of window 0, so an OOM
+    shows at the first step. Batches here are global batches (split over ranks afterwards),
+    which is exact for one rank and HF's per-process view scaled up for several.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    window = megabatch_window(lengths.size, batch_size, mult)
+    rng = np.random.default_rng((seed, HF_MEGABATCH_STREAM))
+    return core_megabatch_order(lengths, window, rng, longest_first=longest_first)
 
 
 def hf_length_grouped(
@@ -44,8 +60,7 @@ def hf_length_grouped(
     of HF's length-grouped sampling with `per_device_batch` samples per rank and step."""
     lengths = np.asarray(lengths, dtype=np.int64)
     n, b, W = lengths.size, per_device_batch, world_size
-    rng = np.random.default_rng((seed, HF_MEGABATCH_STREAM))  # policies.megabatch_order's
-    order = megabatch_order(lengths, megabatch_window(n, b), rng)  # the one megabatch rule
+    order = megabatch_order(lengths, b, seed)
     per_rank_n = -(-n // W)
     order = np.resize(order, per_rank_n * W)  # DistributedSampler pads by repeating the head
     per_rank = order.reshape(per_rank_n, W).T  # rank r: order[r::W]
