@@ -458,7 +458,6 @@ def main(argv: list[str] | None = None) -> dict:
     seeds = [int(s) for s in args.seeds.split(",")]
     policies = args.policies.split(",")
     results.update(
-        command=" ".join(["python -m bench.outcome", *(sys.argv[1:] if argv is None else argv)]),
         machine=_machine(),
         corpus=corpus.summary,
         epochs=args.epochs,
@@ -466,6 +465,10 @@ def main(argv: list[str] | None = None) -> dict:
         batch_size=args.batch_size,
         heldout_tokens=corpus.held_out.num_tokens,
     )
+    # Each invocation's command is kept: the runs and the throughput may come from two.
+    cmd = " ".join(["python -m bench.outcome", *(sys.argv[1:] if argv is None else argv)])
+    if cmd not in results.get("command", ""):
+        results["command"] = "; ".join(c for c in (results.get("command"), cmd) if c)
     results.setdefault("runs", {})
     results.setdefault("date_utc", dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"))
 
