@@ -1,10 +1,8 @@
 """The outcome: does a batching policy train a better model per hour? Held-out loss on real text.
 
-Every other figure in BENCHMARKS.md is a proxy (padding, recomposition, tokens/s); this one is
-what a batching policy is bought for. The corpus is this Python's standard library split into
-definitions (`pystdlib`, byte tokens, cut at the demo's 512), with 7% of the source FILES held
-out (no held-out definition repeats a training one); the model, optimiser and budget are the
-demo's (`configs/local.yaml`). Two questions, answered apart:
+The corpus: this Python's standard library split into definitions (`pystdlib`, byte tokens, cut
+at the demo's 512), 7% of the source FILES held out (no held-out definition repeats a training
+one); the model, optimiser and budget are the demo's. Two questions, answered apart:
 
 1. At equal optimisation: `batching.mode=fixed` (the same samples per step, the same number of
    steps and the same schedule for every policy; packed rows take the rows per step that hold
