@@ -128,7 +128,7 @@ def ray_head():
     )
     address = f"http://127.0.0.1:{dashboard}"
     try:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + 180  # a loaded 2-core machine can take minutes
         while http_status(f"{address}/api/jobs/", token_path.read_text()) != 200:
             if head.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(
