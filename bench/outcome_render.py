@@ -144,6 +144,7 @@ def plot_outcome(results: dict, path: str | Path) -> str:
     import matplotlib.pyplot as plt
 
     runs = results["runs"]
+    equal_time = summarize(results).get("time")
     panels = [("optimisation", "step", "global step (equal optimisation)")]
     if "throughput" in results:
         panels += [
@@ -164,8 +165,8 @@ def plot_outcome(results: dict, path: str | Path) -> str:
             ax.plot(grid, mean, color=color, lw=1.4, label=LABELS.get(name, name))
             ax.fill_between(grid, lo, hi, color=color, alpha=0.15, lw=0)
             lows.append(float(mean[len(mean) // 3]))
-        if x == "time" and "time" in summarize(results):
-            budget = next(iter(summarize(results)["time"].values()))["budget_s"]
+        if x == "time" and equal_time:
+            budget = next(iter(equal_time.values()))["budget_s"]
             ax.axvline(budget, color="k", ls=":", lw=1, label="budget: sorted-static's time")
         ax.set_xlabel(label)
         ax.set_ylabel("held-out loss (nats per token)")
