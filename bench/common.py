@@ -19,7 +19,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["loadavg", "machine_info", "median_time", "run_script", "write_json"]
+__all__ = [
+    "config_step_tokens",
+    "loadavg",
+    "machine_info",
+    "median_time",
+    "run_script",
+    "write_json",
+]
 
 TRIAL_DIR = "out/bench-trial"
 
@@ -132,3 +139,11 @@ def run_script(
     write_json(args.out, out)
     log(f"wrote {args.out}")
     return out
+
+
+def config_step_tokens(config: str) -> int:
+    """Tokens per global step of a config's batching: a packed step's rows, or its token budget."""
+    from pipeline.core.config import load_config
+
+    b = load_config(config).batching
+    return b.step_tokens if b.mode == "packed" else b.token_budget

@@ -69,7 +69,7 @@ POLICIES = {
     "megabatch": ["plan.policy=megabatch", "buckets.edges=[0,{top}]"],
     "sorted_ascending": ["plan.policy=sorted_ascending", "buckets.edges=[0,{top}]"],
     "team": ["buckets.edges={team}"],
-    "bucketed": [],  # the demo's default: 8 optimal buckets
+    "bucketed": ["buckets.num_buckets=8"],  # the demo's former default
     "auto": ["buckets.num_buckets=auto"],
     "packed": [
         "batching.mode=packed",
@@ -84,9 +84,9 @@ LABELS = {
     "megabatch": "megabatch (HF group_by_length)",
     "sorted_ascending": "sorted, shortest first every epoch",
     "team": "team's six edges (scaled)",
-    "bucketed": "bucketed, 8 optimal edges (demo default)",
+    "bucketed": "bucketed, 8 optimal edges",
     "auto": "bucketed, auto edges",
-    "packed": "packed rows (2,048 x 8)",
+    "packed": "packed rows (2,048 x 8; the demo default)",
 }
 
 

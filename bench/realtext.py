@@ -4,7 +4,7 @@ The synthetic corpus is equally predictable at every length, so its buckets have
 and `train/loss_debiased` has nothing to remove. Here the tiny decoder trains on the `pystdlib`
 corpus (this Python's standard library split into functions, byte tokens; see
 pipeline/data/textcorpus.py), where a bucket's loss depends on its lengths, through the real
-`pipeline.train.launch.run` with optimal bucket edges, the config's own token budget (the
+`pipeline.train.launch.run` with optimal bucket edges, padded batches of the config's own step tokens (the
 batches `make demo` trains on) and one metrics line per step. Reported:
 
 - loss readability: the variance of the step-to-step change of `train/loss` and of
@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.common import config_step_tokens
 from bench.quality import loss_readability
 from bench.runs import read_metric_lines, run_overrides, run_summary, timed_run
 from pipeline.core.config import load_config
@@ -55,14 +56,13 @@ def realtext_overrides(
     *,
     max_length: int,
     max_steps: int | None,
-    token_budget: int | None = None,
+    token_budget: int,
     seed: int = 0,
 ) -> list[str]:
-    """The config overrides of the real-text run: the corpus, optimal edges, one metrics line per
-    step in `work/metrics/<name>.jsonl`, no W&B, no periodic checkpoint; the config's own token
-    budget unless `token_budget` is given."""
-    budget = [] if token_budget is None else [f"batching.token_budget={token_budget}"]
-    return budget + [
+    """The config overrides of the real-text run: the corpus, optimal edges, padded batches of
+    `token_budget` tokens, one metrics line per step in `work/metrics/<name>.jsonl`, no W&B, no
+    periodic checkpoint."""
+    return [f"batching.token_budget={token_budget}"] + [
         f"data.path={corpus_dir}",
         f"data.cache_dir={work / 'index'}",
         f"data.max_length={max_length}",
@@ -88,7 +88,8 @@ def measure_realtext(
     seed: int = 0,
     log=print,
 ) -> dict:
-    """Train the config's model on the stdlib corpus (one run, every step logged); return the
+    """Train the config's model on the stdlib corpus (one run, every step logged), in padded
+    batches of `token_budget` tokens (default: as many as the config's step holds); return the
     readability figures, per-bucket curves and means. Starts private local Ray if none is up."""
     import ray
 
@@ -104,7 +105,7 @@ def measure_realtext(
         name,
         max_length=max_length,
         max_steps=max_steps,
-        token_budget=token_budget,
+        token_budget=token_budget or config_step_tokens(config),
         seed=seed,
     )
     cfg = load_config(config, overrides)

@@ -1,6 +1,5 @@
-"""Your own model and loop on bucketray's delivery (docs/own_loop.md).
-
-python examples/own_loop.py [CONFIG.yaml [key=value ...]]"""
+"""Your own model and loop on bucketray's delivery (docs/own_loop.md): python examples/own_loop.py
+configs/local.yaml batching.token_budget=16384 [key=value ...] (a GRU needs padded batches)"""
 
 import os
 import sys
@@ -46,6 +45,8 @@ def train_loop(config: dict) -> None:
 
 def main(args: list[str]) -> None:
     cfg = load_config(args[0] if args else "configs/local.yaml", args[1:])
+    if cfg.batching.mode == "packed":  # a GRU would read from one document into the next
+        sys.exit("own_loop: this GRU needs padded batches: add batching.token_budget=16384")
     cpus = {"CPU": cfg.scaling.cpus_per_worker}
     scale = ScalingConfig(num_workers=cfg.scaling.num_workers, resources_per_worker=cpus)
     run = RunConfig(storage_path=os.path.abspath(cfg.checkpoint.storage_path))

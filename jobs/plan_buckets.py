@@ -133,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--token-budget",
         type=count(1),
-        help=f"batching.token_budget: padded tokens per global step (default {DEFAULT_TOKEN_BUDGET})",
+        help=f"batching.token_budget: padded tokens per global step (default {DEFAULT_TOKEN_BUDGET}; "
+        "with a packed config, a packed step's tokens)",
     )
     p.add_argument(
         "--fill", choices=["greedy", "fixed_per_bucket"], help="batching.fill (token budget)"
@@ -252,8 +253,9 @@ def run_configs(args, lengths: np.ndarray | None) -> tuple[RunConfig, RunConfig 
         batching = {"pad_to_multiple_of": padded.batching.pad_to_multiple_of}
         if args.batch_size is not None:
             batching |= {"mode": "fixed", "batch_size": args.batch_size}
-        else:
-            batching |= {"mode": "token_budget", "token_budget": args.token_budget}
+        else:  # by default the padded batches hold a packed step's tokens
+            step = padded.batching.step_tokens
+            batching |= {"mode": "token_budget", "token_budget": args.token_budget or step}
         batching |= {k: getattr(args, k) for k in PADDED}  # with --batch-size: refused
         batching = {k: v for k, v in batching.items() if v is not None}
         padded = validate(padded.model_dump() | {"batching": batching})

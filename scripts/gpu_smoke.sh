@@ -50,7 +50,9 @@ path, out, workers, use_gpu, bf16, steps, budget, max_length, samples, dry = sys
 cfg = yaml.safe_load(open("configs/local.yaml"))
 cfg["scaling"].update(num_workers=int(workers), use_gpu=use_gpu == "true", cpus_per_worker=1)
 cfg["train"].update(bf16=bf16, max_steps=int(steps))
-cfg["batching"]["token_budget"] = int(budget)
+# padded token-budget batches over 8 optimal buckets (the demo packs rows: tests/gpu covers them)
+cfg["batching"] = {"mode": "token_budget", "token_budget": int(budget), "pad_to_multiple_of": 8}
+cfg["buckets"] = {"num_buckets": 8}
 cfg["data"]["max_length"] = int(max_length)
 cfg["data"]["synthetic"].update(preset="seed902k", out_dir=f"{out}/data", num_samples=int(samples))
 cfg["checkpoint"].update(storage_path=f"{out}/runs", run_name="gpu-smoke", every_steps=30)

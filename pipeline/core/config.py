@@ -401,10 +401,17 @@ def _packed_checks(cfg: RunConfig, top: int, what: str) -> None:
             f"{bad[0]} (scaling.num_workers / min_workers): set rows_per_step to a multiple of "
             f"every world size the run may take (e.g. {fit})"
         )
-    if cfg.plan.policy != "bucketed" or cfg.plan.max_run is not None:
+    if cfg.plan.policy != "bucketed":
         raise ValueError(
-            "plan.policy and plan.max_run have no effect with batching.mode=packed (rows are "
-            "packed from the bucketed shuffle, steps in an epoch-seeded order): remove them"
+            f"plan.policy={cfg.plan.policy} plans padded batches, and batching.mode=packed packs "
+            "rows from the bucketed shuffle: add batching.mode=token_budget and "
+            f"batching.token_budget={b.step_tokens} (a packed step's tokens), "
+            "or remove plan.policy"
+        )
+    if cfg.plan.max_run is not None:
+        raise ValueError(
+            "plan.max_run has no effect with batching.mode=packed (steps are in an epoch-seeded "
+            "order): remove it"
         )
 
 

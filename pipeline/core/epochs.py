@@ -10,7 +10,8 @@ floor (`pipeline.core.frontier`) stays within it: narrow buckets re-pair samples
 With batching.mode=packed, `epoch_plan_for` packs the epoch (`pipeline.core.packing.pack_epoch`)
 and `auto` means one bucket, a full shuffle: packing fills rows from every length, and rows
 packed within narrow buckets fill worse (docs/architecture.md, "Packed rows"). Explicit edges or
-a fixed K pack within buckets.
+a fixed K pack within buckets. Under a baseline plan.policy (sorted, random, ...), which batches
+across all lengths, `auto` is one bucket too.
 """
 
 from __future__ import annotations
@@ -126,6 +127,8 @@ def resolve_edges(cfg: RunConfig, lengths: np.ndarray) -> list[int]:
     k = cfg.buckets.num_buckets
     if k == "auto" and isinstance(cfg.batching, PackedBatching):
         return optimize(lengths, 1)  # one bucket: a full shuffle (module docstring)
+    if k == "auto" and cfg.plan.policy != "bucketed":
+        return optimize(lengths, 1)  # the baselines batch across all lengths: nothing to search
     if k != "auto":
         return optimize(lengths, int(k))
     return auto_edges(

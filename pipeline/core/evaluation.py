@@ -63,7 +63,7 @@ def eval_budget(cfg: RunConfig, top: int) -> int:
         return int(b.token_budget)
     if isinstance(b, FixedBatching):
         return int(b.batch_size) * top
-    return int(b.rows_per_step) * int(b.row_tokens)
+    return b.step_tokens
 
 
 def eval_plan(

@@ -14,7 +14,8 @@ dotted path is looked up in the config's models, through the variants of a secti
 
 Setting a field that belongs to one variant of a section (`batching.mode=fixed`, `buckets.edges`,
 `data.path`, `data.synthetic.*`) drops the fields of the other variants that came from the config
-file, so an override can switch a section; an override that sets both sides is still an error.
+file, so an override can switch a section (`batching.token_budget=16384` on a packed config also
+sets its mode to token_budget); an override that sets both sides is still an error.
 """
 
 from __future__ import annotations
@@ -133,6 +134,12 @@ def _switch(model: type[BaseModel], node: dict, key: str, value: Any, keep: set[
         if chosen and len(chosen) < len(variants):
             for k in [k for k in node if k not in allowed and k not in keep]:
                 del node[k]
+            # A field of one variant (`batching.token_budget`) switches the file's mode to it.
+            one = chosen[0].model_fields if len(chosen) == 1 else {}
+            if "mode" in one and key != "mode" and "mode" not in keep:
+                mode = one["mode"].default
+                if node.get("mode", mode) != mode:
+                    node["mode"] = mode
         return
     for group in getattr(variants[0], "exclusive_groups", ()) if variants else ():
         if key in group:

@@ -357,6 +357,11 @@ class PackedBatching(_Batching):
         description="Cost model's attention width (a row costs row_tokens + sum(L^2) / width); null: 6 x d_model.",
     )
 
+    @property
+    def step_tokens(self) -> int:
+        """Tokens per global step: its rows, full or not."""
+        return self.rows_per_step * self.row_tokens
+
     @model_validator(mode="before")
     @classmethod
     def _no_padded_fields(cls, data: Any) -> Any:

@@ -16,9 +16,20 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "own_loop.py"
 
 
+def test_the_example_refuses_packed_rows_its_gru_would_read_across():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, str(EXAMPLE), "configs/local.yaml"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 1 and out.stderr.strip().splitlines() == [
+        "own_loop: this GRU needs padded batches: add batching.token_budget=16384"
+    ]
+
+
 def test_the_example_stays_short_and_defines_its_own_model():
     src = EXAMPLE.read_text()
-    assert len(src.splitlines()) <= 60
+    assert len(src.splitlines()) <= 62
     classes = [n.name for n in ast.parse(src).body if isinstance(n, ast.ClassDef)]
     assert classes == ["GRULM"] and "pipeline.learn" not in src
 

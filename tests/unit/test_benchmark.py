@@ -18,7 +18,14 @@ from bench.quality import (
     repeated_pair_share,
 )
 from bench.runs import run_summary
-from bench.training import POLICIES, gpu_row, policy_overrides, scaled_edges, scaled_lengths
+from bench.training import (
+    DEFAULT_BATCHING,
+    POLICIES,
+    gpu_row,
+    policy_overrides,
+    scaled_edges,
+    scaled_lengths,
+)
 from pipeline.core.buckets import assign
 from pipeline.core.config import TEAM_EDGES, BatchingConfig, PlanConfig, load_config
 from pipeline.core.frontier import recomposition_floor
@@ -117,7 +124,10 @@ def test_team_edges_scale_with_the_lengths():
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_every_policy_override_is_a_valid_run_config(policy):
-    cfg = load_config("configs/local.yaml", ["data.max_length=512", *policy_overrides(policy, 512)])
+    batching = [f"batching.{k}={v}" for k, v in DEFAULT_BATCHING.items()]  # as measure_training
+    cfg = load_config(
+        "configs/local.yaml", ["data.max_length=512", *batching, *policy_overrides(policy, 512)]
+    )
     expected = {"sorted": "sorted", "random": "random"}.get(policy, "bucketed")
     assert cfg.plan.policy == expected
 

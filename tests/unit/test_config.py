@@ -192,6 +192,23 @@ def test_an_override_switches_a_section_variant_from_the_config_file(tmp_path):
     assert synth.data.path is None and synth.data.synthetic.seed == 3
 
 
+def test_a_field_of_one_variant_switches_the_files_mode_to_it(tmp_path):
+    raw = tiny_raw(tmp_path)
+    raw["batching"] = {"mode": "packed", "row_tokens": 128, "rows_per_step": 2}
+    padded = validate(apply_overrides(raw, ["batching.token_budget=1024"])).batching
+    assert padded == TokenBudgetBatching(token_budget=1024)
+    assert validate(apply_overrides(raw, ["batching.batch_size=8"])).batching == FixedBatching(
+        batch_size=8
+    )
+    # Fields of two variants, or an explicit mode beside another variant's field: an error.
+    for both in (
+        ["batching.token_budget=1024", "batching.row_tokens=256"],
+        ["batching.mode=packed", "batching.token_budget=1024"],
+    ):
+        with pytest.raises(ConfigError, match="batching.token_budget has no effect with batching"):
+            validate(apply_overrides(raw, both))
+
+
 @pytest.mark.parametrize(
     "raw, overrides, fragment",
     [

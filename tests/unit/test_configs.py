@@ -29,6 +29,28 @@ def test_local_config_is_small_cpu_offline_and_synthetic():
     assert cfg.buckets.edges is None and cfg.wandb.mode == "offline"
 
 
+def test_the_demo_default_is_the_measured_winner_packed_rows():
+    # The outcome benchmark's winner, exactly: 8 rows of 2,048 tokens per step, auto edges
+    # (one bucket in packed mode: a full shuffle packed into rows).
+    for name in ("local.yaml", "local_full.yaml"):
+        b = load_config(ROOT / "configs" / name).batching
+        assert (b.mode, b.row_tokens, b.rows_per_step) == ("packed", 2048, 8)
+        assert load_config(ROOT / "configs" / name).buckets.num_buckets == "auto"
+
+
+@pytest.mark.parametrize("policy", ["sorted", "random", "megabatch", "sorted_ascending"])
+def test_a_baseline_on_the_packed_default_is_refused_naming_the_padded_switch(policy):
+    with pytest.raises(ConfigError) as e:
+        load_config(ROOT / "configs/local.yaml", [f"plan.policy={policy}"])
+    msg = str(e.value)
+    assert "\n" not in msg and f"plan.policy={policy} plans padded batches" in msg
+    # The switch the line names loads, with a step of the packed step's tokens.
+    fix = re.findall(r"(batching\.\w+=\w+)", msg.split("add ", 1)[1])
+    assert fix == ["batching.mode=token_budget", "batching.token_budget=16384"]
+    cfg = load_config(ROOT / "configs/local.yaml", [f"plan.policy={policy}", *fix])
+    assert cfg.plan.policy == policy and cfg.batching.token_budget == 16384
+
+
 def test_team_config_matches_the_measured_run():
     cfg = load_config(ROOT / "configs/dflash_902k.yaml")
     assert cfg.buckets.edges == TEAM_EDGES == [0, 770, 1216, 1728, 2432, 3296, 8192]

@@ -192,7 +192,8 @@ def test_every_field_that_describes_a_location_is_marked_as_one():
 
 
 def test_workers_leaving_ray_data_no_cpu_are_refused_with_the_numbers():
-    cfg = _cfg("scaling.num_workers=3", "scaling.cpus_per_worker=0.5")
+    # 12 packed rows per step divide among 3 workers (and 2 to 4 below)
+    cfg = _cfg("scaling.num_workers=3", "scaling.cpus_per_worker=0.5", "batching.rows_per_step=12")
     with pytest.raises(ConfigError) as e:
         preflight({"CPU": 2.0}, cfg)
     assert str(e.value).startswith(
@@ -213,7 +214,8 @@ def test_gpus_and_custom_resources_are_checked_and_elastic_uses_min_workers():
         preflight({"CPU": 16, "GPU": 1}, _cfg("scaling.use_gpu=true"))
     with pytest.raises(ConfigError, match="fast_disk"):
         preflight({"CPU": 16}, _cfg("scaling.resources_per_worker={fast_disk: 1}"))
-    preflight({"CPU": 2.0}, _cfg("scaling.num_workers=4", "scaling.min_workers=2"))
+    elastic = _cfg("scaling.num_workers=4", "scaling.min_workers=2", "batching.rows_per_step=12")
+    preflight({"CPU": 2.0}, elastic)
 
 
 def test_an_autoscaling_cluster_without_a_published_maximum_is_not_refused():

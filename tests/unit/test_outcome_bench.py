@@ -82,7 +82,10 @@ def test_without_a_throughput_there_is_no_equal_time_answer():
 def test_the_tables_go_between_the_markers_and_nowhere_else():
     r = _results()
     tables = outcome_tables(r)
-    assert "| packed rows (2,048 x 8) | 2.00 (2.00, 2.00) | 50 s | 2.0500 |" in tables
+    assert (
+        "| packed rows (2,048 x 8; the demo default) | 2.00 (2.00, 2.00) | 50 s | 2.0500 |"
+        in tables
+    )
     assert (
         "| random | 0.50 (0.50, 0.50) | 200 s | 2.5000 | 0.0000 | 2.5000 | 200 s (1/1 seeds) |"
         in tables
@@ -99,7 +102,10 @@ def test_the_readme_headline_has_each_policy_once_with_mean_and_spread():
     r = _results()
     head = outcome_headline(r)
     # packed's final losses 2.0 and 2.1 -> mean 2.05, half the spread 0.05 (also at the budget)
-    assert "| packed rows (2,048 x 8) | 2.050 ± 0.050 (2 seeds) | 2.050 ± 0.050 (2 seeds) |" in head
+    assert (
+        "| packed rows (2,048 x 8; the demo default) | 2.050 ± 0.050 (2 seeds) | 2.050 ± 0.050 (2 seeds) |"
+        in head
+    )
     assert "| random | 2.000 ± 0.000 (1 seeds) | 2.500 ± 0.000 (1 seeds) |" in head
     assert head.index("| packed rows") < head.index("| sorted-static")  # best first
     readme = "intro\n<!-- outcome:headline:start -->\n<!-- outcome:headline:end -->\nrest\n"

@@ -63,8 +63,8 @@ def test_packed_mode_validates_with_its_defaults():
         ({"token_budget": 4096}, {}, "batching.token_budget has no effect with batching.mode=p"),
         ({"batch_size": 8}, {}, "batching.batch_size has no effect with batching.mode=packed"),
         ({"drop_remainder": True}, {}, "batching.drop_remainder has no effect with batching.mod"),
-        ({}, {"plan": {"policy": "random"}}, "plan.policy and plan.max_run have no effect"),
-        ({}, {"plan": {"max_run": 2}}, "plan.policy and plan.max_run have no effect"),
+        ({}, {"plan": {"policy": "random"}}, "plan.policy=random plans padded batches, and"),
+        ({}, {"plan": {"max_run": 2}}, "plan.max_run has no effect with batching.mode=packed"),
     ],
 )
 def test_packed_config_refusals_are_one_line_naming_the_fix(batching, sections, says):

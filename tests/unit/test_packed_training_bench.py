@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from bench import table_blocks as tb
+from bench.common import config_step_tokens
 from bench.kernels import _plan_micro_batches
 from bench.packed_training import (
     DEMO_CONFIG,
@@ -49,7 +50,7 @@ def _run(tokens_per_s, losses, **extra):
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_each_variant_selects_its_batching_on_the_demo_config_at_the_same_token_budget(variant):
     base = load_config(DEMO_CONFIG)
-    T, budget = base.data.max_length, base.batching.token_budget
+    T, budget = base.data.max_length, config_step_tokens(DEMO_CONFIG)
     cfg = load_config(
         DEMO_CONFIG, variant_overrides(variant, max_length=T, token_budget=budget, row_tokens=T)
     )
@@ -78,7 +79,7 @@ def test_throughput_is_the_median_over_steps_after_warmup_and_the_ratio_is_per_r
 
 def _variant_configs(row_tokens: int):
     base = load_config(DEMO_CONFIG)
-    T, budget = base.data.max_length, base.batching.token_budget
+    T, budget = base.data.max_length, config_step_tokens(DEMO_CONFIG)
     return {
         v: load_config(
             DEMO_CONFIG,

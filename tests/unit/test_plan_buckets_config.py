@@ -47,10 +47,15 @@ def test_the_report_of_a_config_file_with_set_is_the_librarys_report_of_that_con
         tmp_path, capsys, "--preset", "seed902k", "--num-samples", n, "--config", LOCAL,
         "--set", "buckets.num_buckets=6", "--set", "plan.seed=3",
     )  # fmt: skip
-    cfg = load_config(LOCAL, [*_preset(n), "buckets.num_buckets=6", "plan.seed=3"])
+    sets = [*_preset(n), "buckets.num_buckets=6", "plan.seed=3"]
+    packed = load_config(LOCAL, sets)
+    assert packed.batching.mode == "packed"  # the demo packs rows: the report adds its epoch
+    # and scores padded batches of a packed step's tokens against the baselines
+    cfg = load_config(LOCAL, [*sets, "batching.mode=token_budget", "batching.token_budget=16384"])
     assert cfg.data.over_length == "truncate"  # the demo config cuts at its data.max_length
     lengths = np.minimum(seed902k_lengths(n, 0), cfg.data.max_length)
     want, plan = build_report(lengths, cfg)
+    want["packed"] = packed_report(lengths, packed)[0]
     assert _without_timings(got) == _without_timings(want)
     assert got["chosen"]["edges"] == resolve_edges(cfg, lengths)
     assert got["world_size"] == cfg.scaling.num_workers == 2 and got["seed"] == 3

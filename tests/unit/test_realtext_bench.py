@@ -52,17 +52,22 @@ def test_the_runs_overrides_load_on_the_default_config(tmp_path):
 
     import yaml
 
+    from bench.common import config_step_tokens
     from bench.realtext import realtext_overrides
     from pipeline.core.config import load_config
 
     local = Path(__file__).resolve().parents[2] / "configs" / "local_full.yaml"
-    o = realtext_overrides(tmp_path, str(tmp_path / "c"), "rt", max_length=512, max_steps=300)
+    # padded batches of as many tokens as a step of the full local run holds, by default
+    own = yaml.safe_load(local.read_text())["batching"]
+    step = config_step_tokens(str(local))
+    assert step == own["rows_per_step"] * own["row_tokens"]
+    o = realtext_overrides(
+        tmp_path, str(tmp_path / "c"), "rt", max_length=512, max_steps=300, token_budget=step
+    )
     cfg = load_config(str(local), o)
     assert cfg.buckets.num_buckets == "auto" and cfg.model.vocab_size == 259
     assert cfg.train.log_every == 1 and cfg.train.metrics_file.endswith("metrics/rt.jsonl")
     assert cfg.data.path == str(tmp_path / "c") and cfg.train.max_steps == 300
-    # the batches of the full local run, unless a budget is given
-    own = yaml.safe_load(local.read_text())["batching"]["token_budget"]
-    assert cfg.batching.token_budget == own
+    assert cfg.batching.mode == "token_budget" and cfg.batching.token_budget == step
     o = realtext_overrides(tmp_path, "c", "rt", max_length=512, max_steps=3, token_budget=8192)
     assert load_config(str(local), o).batching.token_budget == 8192
