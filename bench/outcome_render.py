@@ -100,9 +100,10 @@ def outcome_headline(results: dict) -> str:
     names = sorted(set(opt) | set(eq_time), key=lambda n: (opt or eq_time)[n]["mean"]
                    if n in (opt or eq_time) else float("inf"))  # fmt: skip
     out = [
-        f"`{results['command'].strip()}`, {results['date_utc']}, {results['machine']}; "
-        f"held-out loss in nats per token after {results['epochs']} epochs (equal optimisation) "
-        "or in sorted-static's time (equal time).",
+        f"`benchmarks/outcome.json` (`make bench-outcome`; the exact commands in BENCHMARKS.md), "
+        f"runs from {results['date_utc']}, {results['machine']}; held-out loss in nats per token "
+        f"after {results['epochs']} epochs (equal optimisation) or in sorted-static's time (equal "
+        "time).",
         "",
         "| policy | equal optimisation | equal time |",
         "|---|---|---|",

@@ -74,7 +74,10 @@ def test_contract7_killed_driver_resubmitted_resumes_same_wandb_run_exact_batche
     watcher, info = kill_when(
         tmp_path / "ids", after_steps=25, rank=0, kill=lambda _: os.killpg(pgid, signal.SIGKILL)
     )
-    watcher.join(timeout=600)
+    # Only the kill: the watcher's wait for a recovery ends with the second job, not before.
+    deadline = time.monotonic() + 600
+    while "t" not in info and watcher.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
     first.wait(timeout=60)
     assert "t" in info and first.returncode == -signal.SIGKILL, (tmp_path / "first.log").read_text()
     deadline = time.monotonic() + 30
