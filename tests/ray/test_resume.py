@@ -38,6 +38,9 @@ def _trained(records: list[dict]) -> dict:
     return {(r["epoch"], r["step"], r["rank"]): r["ids"] for r in records if "ids" in r}
 
 
+# About a minute on 2 cores: make test-slow. The default suite keeps contract 7 through
+# tests/unit/test_trainer.py (a resumed Trainer, no Ray) and the stop request below.
+@pytest.mark.slow
 def test_contract7_restart_after_failure_trains_the_same_batches_and_weights(
     cluster, tiny_run, tmp_path, monkeypatch
 ):
