@@ -145,5 +145,4 @@ def config_step_tokens(config: str) -> int:
     """Tokens per global step of a config's batching: a packed step's rows, or its token budget."""
     from pipeline.core.config import load_config
 
-    b = load_config(config).batching
-    return b.step_tokens if b.mode == "packed" else b.token_budget
+    return load_config(config).batching.step_tokens

@@ -34,7 +34,7 @@ import statistics
 import uuid
 from pathlib import Path
 
-from bench.common import config_step_tokens, run_script
+from bench.common import run_script
 from bench.kernels import DEMO_CONFIG, ROW_LENGTHS, measure_plan_kernel, measure_step_kernel
 from bench.packing import packing_table
 from bench.quality import loss_readability
@@ -181,7 +181,7 @@ def measure_packed_training(
     work = Path(work_dir).absolute()
     base = load_config(config)
     max_length = base.data.max_length
-    budget = config_step_tokens(config)  # the padded variants pay what the config's step holds
+    budget = base.batching.step_tokens  # the padded variants pay what the config's step holds
     row_tokens = row_tokens or ROW_LENGTHS * max_length
     shared = shared_overrides(work, num_samples)
     per = {

@@ -298,6 +298,11 @@ class TokenBudgetBatching(_Batching):
         description="Round batch sizes down to a multiple of this (0 or 1: no; null: 8 for fixed_per_bucket).",
     )
 
+    @property
+    def step_tokens(self) -> int:
+        """Padded tokens per global step at most: the budget."""
+        return self.token_budget
+
     @model_validator(mode="before")
     @classmethod
     def _no_fixed_fields(cls, data: Any) -> Any:
