@@ -1,5 +1,5 @@
 """The benchmarks: one script per question, each writing `benchmarks/<question>.json` and its
-plots (`python -m bench.padding`, `training`, `packed_training`, `delivery`, `outcome`,
+plots (`python -m bench.padding`, `training`, `packed`, `delivery`, `outcome`,
 `eval_modes`), their shared plumbing (`common`: command line, machine, JSON; `runs`: a training
 run's figures; `probes`: memory probes) and `tables`, which writes BENCHMARKS.md's tables and the
 README's headline block from that JSON (`make bench-render`).

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 __all__ = [
+    "DEMO_CONFIG",
     "config_step_tokens",
     "loadavg",
     "machine_info",
@@ -29,6 +30,7 @@ __all__ = [
 ]
 
 TRIAL_DIR = "out/bench-trial"
+DEMO_CONFIG = "configs/local.yaml"  # the demo's config: the model and budget benchmarks share
 
 
 def _read(path: str) -> str:

@@ -23,11 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.common import DEMO_CONFIG
 from pipeline.core.config import load_config
 
 __all__ = ["measure_mode", "main"]
-
-DEMO_CONFIG = "configs/local.yaml"
 
 
 def measure_mode(work: Path, mode: str, tag: str) -> dict:

@@ -45,6 +45,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from bench.common import DEMO_CONFIG
 from bench.training import scaled_edges
 from pipeline.core.config import RunConfig, load_config
 from pipeline.core.epochs import epoch_plan_for, resolve_edges
@@ -60,7 +61,6 @@ __all__ = [
     "summarize",
 ]
 
-DEMO_CONFIG = "configs/local.yaml"
 HELDOUT = 0.07
 # name -> overrides of the demo config; the first is the time reference.
 POLICIES = {

@@ -17,7 +17,7 @@ the sample pairs that share a global step in epoch 0, the fraction (estimated fr
 random pairs) that share one again in epoch 1, against its chance floor (the probability that
 two random samples share a step of epoch 1's step sizes).
 
-Part of `python -m bench.packed_training` (its JSON's `packed.paper`).
+Part of `python -m bench.packed` (its JSON's `paper`).
 """
 
 from __future__ import annotations

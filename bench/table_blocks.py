@@ -22,7 +22,6 @@ NAMES = {
     "packed": "packed rows, full shuffle",
     "auto": "padded, bucketed (auto edges)",
 }
-PACKED_NAMES = NAMES | {"sorted": "padded, sorted-static"}
 MB = 1e6
 
 
@@ -264,60 +263,11 @@ def readability(r: dict) -> str:
     )
 
 
-# ------------------------------------------------------------------ packed_training.json
-
-
-def packed_setup(r: dict) -> str:
-    t = r["packed_training"]["packed"]["training"]
-    m = t["model"]
-    row = t | {
-        "config": f"`{t['config']}`",
-        "model": f"{m['n_layers']} layers, d_model {m['d_model']}",
-        "rows": f"{t['token_budget'] // t['row_tokens']} x {t['row_tokens']:,}",
-    }
-    return columns(
-        "config=config | model=model | samples=num_samples:, | max length=max_length"
-        " | padded: tokens per step=token_budget:, | packed: rows x row tokens per step=rows"
-        " | rounds=repeats | warm-up steps left out=warmup_steps_excluded",
-        [row],
-    )
-
-
-def packed_training(r: dict) -> str:
-    variants = r["packed_training"]["packed"]["training"]["variants"]
-    rows = [
-        x | {"batches": PACKED_NAMES.get(n, n), "rounds": _list(x.get("vs_sorted_all", []))}
-        | {"loads": _loads(x["load1_all"])}
-        for n, x in variants.items()
-    ]  # fmt: skip
-    return columns(
-        "batches=batches | real Ktok/s (median)=median_real_tokens_per_s/1e3:.2f"
-        " | vs sorted-static=vs_sorted:.3f | each round=rounds | steps=steps"
-        " | token efficiency=padding_efficiency:.3f | var Δ raw loss=diff_var_raw:.4f"
-        " | var Δ debiased loss=diff_var_debiased:.4f | load average (1 min), each round=loads",
-        rows,
-    )
-
-
-def packed_compute(r: dict) -> str:
-    k = r["packed_training"]["packed"]["plan_kernel"]
-    rows = [
-        x | {"batches": PACKED_NAMES.get(n, n), "load": _loads([k["load1"]])}
-        | {"range": f"{min(x['vs_sorted_blocks']):.2f}-{max(x['vs_sorted_blocks']):.2f}"}
-        for n, x in k["variants"].items()
-    ]  # fmt: skip
-    return columns(
-        f"batches=batches | micro-batches (rank {k['rank']} of {k['world_size']}, 1 in "
-        f"{k['every']})=micro_batches | real tokens=real_tokens:, | token efficiency="
-        "token_efficiency:.3f | seconds=seconds:.1f | real Ktok/s=real_tokens_per_s/1e3:.2f"
-        f" | vs sorted-static=vs_sorted:.3f | range over {k['blocks']} strided subsets=range"
-        " | load average (1 min)=load",
-        rows,
-    )
+# ------------------------------------------------------------------ packed.json
 
 
 def packed_kernel(r: dict) -> str:
-    k = r["packed_training"]["packed"]["kernel"]
+    k = r["packed"]["kernel"]
     s = k["seconds"]
     names = {
         "padded": f"padded, sorted micro-batches ({k['padded_batches']}, "
@@ -338,7 +288,7 @@ def packed_kernel(r: dict) -> str:
 
 
 def packed_paper(r: dict) -> str:
-    t = r["packed_training"]["packed"]["paper"]
+    t = r["packed"]["paper"]
     spec = ["batches=name"]
     for w in t["rows"][0]["by_world_size"]:
         spec += [f"token efficiency ({w})=by_world_size.{w}.token_efficiency:.3f"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,7 +30,7 @@ GOALS = {
     "vs_sorted": 0.93,  # bucketed real tokens/s (and padding) at least this share of sorted's
     "recomposition": 0.01,  # micro-batches repeating a pair of the last epoch: below this
     "readability": 0.5,  # real text: var of step-to-step change, debiased / raw, at most this
-    "packed_vs_sorted": 1.00,  # packed rows' real tokens/s against sorted-static's, CPU
+    "packed_vs_sorted": 1.00,  # packed rows' real tokens/s against sorted-static's, CPU steps
     "pack_s": 2.0,  # seconds to pack one epoch of the preset
 }
 
@@ -68,7 +69,9 @@ def goals(r: dict) -> str:
     auto = {x["name"]: x for x in r["padding"]["quality"]["recomposition"]["B32"]["rows"]}
     auto = auto["optimal:auto"]
     tr, g = r["training"]["training"], GOALS
-    packed = r["packed_training"]["packed"]
+    packed = r["packed"]
+    # The outcome benchmark's seconds per real token: each policy's ratio to sorted-static's.
+    packed_speed = 1 / statistics.median(r["outcome"]["throughput"]["packed"]["ratio_to_reference"])
     ratio = tr["realtext"]["readability"]["ratio"]
     rows = [  # (goal, target, measured, met)
         ("bucketed (auto) real tokens/s / sorted-static's, CPU training", f"≥ {g['vs_sorted']}",
@@ -81,9 +84,9 @@ def goals(r: dict) -> str:
          ".1%", lambda x: x < g["recomposition"]),
         ("loss readability on real text, var Δ debiased / raw", f"≤ {g['readability']}", ratio,
          ".2f", lambda x: x <= g["readability"]),
-        ("packed rows' real tokens/s / sorted-static's, CPU training",
-         f"≥ {g['packed_vs_sorted']:.2f}", packed["training"]["variants"]["packed"]["vs_sorted"],
-         ".3f", lambda x: x >= g["packed_vs_sorted"]),
+        ("packed rows' real tokens/s / sorted-static's, CPU training steps (outcome)",
+         f"≥ {g['packed_vs_sorted']:.2f}", packed_speed, ".2f",
+         lambda x: x >= g["packed_vs_sorted"]),
         ("seconds to pack one epoch of the preset", f"≤ {g['pack_s']:g}",
          packed["paper"]["pack_epoch_s"], ".2f", lambda x: x <= g["pack_s"]),
     ]  # fmt: skip
@@ -109,10 +112,10 @@ def replace_block(markdown: str, block: str, name: str) -> str:
 # ------------------------------------------------------------------ blocks
 
 HEADLINE = ("padding", "training")
-PACKED = ("packed_training",)
+PACKED = ("packed",)
 BLOCKS: dict[str, tuple[tuple[str, ...], Callable[[dict], str]]] = {
     "headline": (HEADLINE, lambda r: headline_with_sources(r)),
-    "goals": (HEADLINE + PACKED, goals),
+    "goals": (HEADLINE + PACKED + ("outcome",), goals),
     "padding-ran": (("padding",), lambda r: ran_on("padding", r["padding"]["meta"])),
     "padding": (("padding",), tb.padding),
     "planning": (("padding",), tb.planning),
@@ -126,10 +129,7 @@ BLOCKS: dict[str, tuple[tuple[str, ...], Callable[[dict], str]]] = {
     "gpu": (("training",), tb.gpu),
     "training-budget": (("training",), tb.training_budget),
     "readability": (("training",), tb.readability),
-    "packed-ran": (PACKED, lambda r: ran_on("packed_training", r["packed_training"]["meta"])),
-    "packed-setup": (PACKED, tb.packed_setup),
-    "packed-training": (PACKED, tb.packed_training),
-    "packed-compute": (PACKED, tb.packed_compute),
+    "packed-ran": (PACKED, lambda r: ran_on("packed", r["packed"]["meta"])),
     "packed-kernel": (PACKED, tb.packed_kernel),
     "packed-paper": (PACKED, tb.packed_paper),
     "delivery-ran": (("delivery",), lambda r: ran_on("delivery", r["delivery"]["meta"])),
