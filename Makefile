@@ -39,14 +39,14 @@ bench: $(STAMP)
 	$(MAKE) bench-render
 	$(MAKE) bench-sizing
 
-## BENCHMARKS.md's tables and the README's headline block from benchmarks/*.json (seconds, no run).
+## BENCHMARKS.md's tables and the README's headline blocks from benchmarks/*.json (seconds, no run).
 bench-render: $(STAMP)
 	$(PY) -m bench.tables --md BENCHMARKS.md --readme README.md
 
-## Held-out loss per batching policy (hours on 2 cores), then its tables, plot and README block.
+## Held-out loss per batching policy (hours on 2 cores) and its plot, then every table.
 bench-outcome: $(STAMP)
 	WANDB_MODE=disabled $(PY) -m bench.outcome --out benchmarks/outcome.json
-	$(PY) -m bench.outcome_render --json benchmarks/outcome.json --md BENCHMARKS.md --png benchmarks/outcome.png --readme README.md
+	$(MAKE) bench-render
 
 ## How far one feeder goes: 0.9M and 2M samples (minutes each), 9M with SIZING_9M=1 (43 GB of row cache plus the corpus).
 bench-sizing: $(STAMP)

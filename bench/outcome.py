@@ -21,7 +21,8 @@ Training runs in one process through the real planner, collation and `Trainer` (
 rank): the loss curves are a deterministic function of the seed, whatever the machine's load.
 The held-out loss is evaluated every `eval_every` global steps: every held-out sample once,
 token-weighted, fp32 (`pipeline.core.evaluation`). Results go to a JSON file, written after
-every run, so an interrupted benchmark continues where it stopped.
+every run, so an interrupted benchmark continues where it stopped; the plot goes beside it
+(`outcome.png`), the tables into BENCHMARKS.md with `make bench-render` (`bench.outcome_blocks`).
 
     python -m bench.outcome --out benchmarks/outcome.json [--seeds 0,1,2] [--epochs 3]
 """
@@ -40,12 +41,14 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bench.common import DEMO_CONFIG
+from bench.common import DEMO_CONFIG, write_json
+from bench.plots import plot_outcome
 from bench.training import scaled_edges
 from pipeline.core.config import RunConfig, load_config
 from pipeline.core.epochs import epoch_plan_for, resolve_edges
@@ -164,14 +167,8 @@ def policy_config(
 
 
 def _plans(cfg: RunConfig, corpus: Corpus, edges):
-    index = _Index(corpus.lengths, corpus.sample_ids)
+    index = SimpleNamespace(lengths=corpus.lengths, sample_ids=corpus.sample_ids)
     return [epoch_plan_for(cfg, index, edges, e, 1) for e in range(cfg.train.epochs)]
-
-
-@dataclass(frozen=True)
-class _Index:
-    lengths: np.ndarray
-    sample_ids: np.ndarray
 
 
 def _batches(cfg: RunConfig, corpus: Corpus, plans):
@@ -298,20 +295,18 @@ def summarize(results: dict) -> dict:
     reaches sorted-static's mean final loss (None: not within its run)."""
     out: dict = {}
     runs = results.get("runs", {})
-    for q in ("optimisation",):
-        table = {}
-        for name, by_seed in runs.get(q, {}).items():
-            final = [r["eval"]["loss"][-1] for r in by_seed.values()]
-            table[name] = _row(
-                by_seed,
-                final,
-                loss_per_sample_mean=float(
-                    np.mean([r["eval"]["loss_per_sample"][-1] for r in by_seed.values()])
-                ),
-                steps=[r["steps"] for r in by_seed.values()],
-                real_tokens=float(np.mean([r["real_tokens"] for r in by_seed.values()])),
-            )
-        out[q] = table
+    out["optimisation"] = {
+        name: _row(
+            by_seed,
+            [r["eval"]["loss"][-1] for r in by_seed.values()],
+            loss_per_sample_mean=float(
+                np.mean([r["eval"]["loss_per_sample"][-1] for r in by_seed.values()])
+            ),
+            steps=[r["steps"] for r in by_seed.values()],
+            real_tokens=float(np.mean([r["real_tokens"] for r in by_seed.values()])),
+        )
+        for name, by_seed in runs.get("optimisation", {}).items()
+    }
     tp = results.get("throughput")
     opt = runs.get("optimisation", {})
     if tp and "sorted" in opt and "sorted" in tp:
@@ -429,9 +424,7 @@ def _save(path: Path, results: dict) -> None:
         for k, v in disk.items():
             results.setdefault(k, v)
     results["summary"] = summarize(results)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(results, indent=1))
-    os.replace(tmp, path)
+    write_json(path, results)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -493,6 +486,8 @@ def main(argv: list[str] | None = None) -> dict:
         _save(out, results)
     _run_all(tasks, corpus_args=(str(work), args.samples), jobs=args.jobs, results=results, out=out)
     _save(out, results)
+    png = plot_outcome(results, out.with_suffix(".png"), LABELS)
+    print(f"outcome: wrote {out} and {png}", flush=True)
     return results
 
 

@@ -1,6 +1,6 @@
 """Benchmark figures (PNG, matplotlib Agg), each drawn by the script that measures it: padding and
 recomposition (`bench.padding`), training throughput, loss curves and the per-bucket loss on real
-text (`bench.training`)."""
+text (`bench.training`), held-out loss by batching policy (`bench.outcome`)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ __all__ = [
     "TEAM_MEASURED",
     "plot_bucket_curves",
     "plot_loss",
+    "plot_outcome",
     "plot_padding",
     "plot_recomposition",
     "plot_training",
@@ -200,5 +201,63 @@ def plot_bucket_curves(result: dict, path: str | Path) -> str:
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
+def _seed_band(runs: dict, x: str, rate: float = 1.0):
+    """(x grid, mean loss, min, max) over seeds, each seed interpolated on a common grid."""
+    xs, ys = [], []
+    for r in runs.values():
+        ev = r["eval"]
+        xv = np.asarray(ev["step"] if x == "step" else ev["real_tokens"], float) * rate
+        xs.append(xv)
+        ys.append(np.asarray(ev["loss"], float))
+    top = min(v[-1] for v in xs)
+    grid = np.linspace(0, top, 200)
+    stack = np.array([np.interp(grid, xv, yv) for xv, yv in zip(xs, ys, strict=True)])
+    return grid, stack.mean(0), stack.min(0), stack.max(0)
+
+
+def plot_outcome(results: dict, path: str | Path, labels: dict[str, str]) -> str:
+    """Held-out loss at equal optimisation (against steps) and at equal time (against seconds
+    and against real tokens) from `bench.outcome`'s results (with their `summary`): each policy's
+    mean over seeds under its label, the band their min to max."""
+    plt = _plt()
+    runs = results["runs"]
+    equal_time = results["summary"].get("time")
+    panels = [("optimisation", "step", "global step (equal optimisation)")]
+    if "throughput" in results:
+        panels += [
+            ("optimisation", "tokens", "real tokens"),
+            ("optimisation", "time", "seconds at the measured rate (equal time)"),
+        ]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.6), squeeze=False)
+    names = list(labels)
+    cmap = plt.get_cmap("tab10")
+    for ax, (q, x, label) in zip(axes[0], panels, strict=True):
+        lows = []
+        for name, by_seed in runs[q].items():
+            if x == "time" and name not in results["throughput"]:
+                continue
+            rate = results["throughput"][name]["s_per_real_token"] if x == "time" else 1.0
+            grid, mean, lo, hi = _seed_band(by_seed, "step" if x == "step" else "tokens", rate)
+            color = cmap(names.index(name) % 10 if name in names else 9)
+            ax.plot(grid, mean, color=color, lw=1.4, label=labels.get(name, name))
+            ax.fill_between(grid, lo, hi, color=color, alpha=0.15, lw=0)
+            lows.append(float(mean[len(mean) // 3]))
+        if x == "time" and equal_time:
+            budget = next(iter(equal_time.values()))["budget_s"]
+            ax.axvline(budget, color="k", ls=":", lw=1, label="budget: sorted-static's time")
+        ax.set_xlabel(label)
+        ax.set_ylabel("held-out loss (nats per token)")
+        bottom = min(min(r["eval"]["loss"]) for b in runs[q].values() for r in b.values())
+        ax.set_ylim(bottom - 0.02, max(lows) + 0.05)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7, loc="upper right")
+    fig.suptitle("Held-out loss by batching policy (mean over seeds; band: min to max)")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
     plt.close(fig)
     return str(path)

@@ -1,13 +1,14 @@
-"""BENCHMARKS.md's tables, and the README's headline table, rendered from the benchmarks' JSON.
+"""BENCHMARKS.md's tables, and the README's headline tables, rendered from the benchmarks' JSON.
 
     python -m bench.tables [--md BENCHMARKS.md] [--readme README.md] [--dir benchmarks]
 
 Tables only: the prose around them is written by hand, and holds no figure. Each table sits in a
-block between `<!-- NAME:start -->` and `<!-- NAME:end -->` (`replace_block`, also used by
-`bench.outcome_render`); a block's content is replaced, its markers and everything outside them
-are kept. `BLOCKS` names each block, the JSON files it reads (`benchmarks/<name>.json`, written by
-`python -m bench.<name>`) and its table (`bench.table_blocks`); the `<name>-ran` blocks say which
-command, machine and date each JSON comes from.
+block between `<!-- NAME:start -->` and `<!-- NAME:end -->` (`replace_block`); a block's content
+is replaced, its markers and everything outside them are kept. `BLOCKS` names each block of
+BENCHMARKS.md, the JSON files it reads (`benchmarks/<name>.json`, written by
+`python -m bench.<name>`) and its table (`bench.table_blocks`, `bench.outcome_blocks`);
+`README_BLOCKS` the README's. The `<name>-ran` blocks say which command, machine and date each
+JSON comes from.
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
+from bench import outcome_blocks as ob
 from bench import table_blocks as tb
 from bench.table_blocks import columns, ran_on
 
-__all__ = ["BLOCKS", "GOALS", "load_results", "main", "render", "replace_block"]
+__all__ = ["BLOCKS", "GOALS", "README_BLOCKS", "load_results", "main", "render", "replace_block"]
 
-README_HEADLINE = "bench:headline"  # the README's block
+README_HEADLINE = "bench:headline"  # the README's blocks
+README_OUTCOME = "outcome:headline"
 # The goals the library was built against.
 GOALS = {
     "vs_sorted": 0.93,  # bucketed real tokens/s (and padding) at least this share of sorted's
@@ -113,9 +116,13 @@ def replace_block(markdown: str, block: str, name: str) -> str:
 
 HEADLINE = ("padding", "training")
 PACKED = ("packed",)
+OUTCOME = ("outcome",)
 BLOCKS: dict[str, tuple[tuple[str, ...], Callable[[dict], str]]] = {
     "headline": (HEADLINE, lambda r: headline_with_sources(r)),
-    "goals": (HEADLINE + PACKED + ("outcome",), goals),
+    "goals": (HEADLINE + PACKED + OUTCOME, goals),
+    "outcome-ran": (OUTCOME, ob.ran),
+    "outcome-optimisation": (OUTCOME, ob.optimisation),
+    "outcome-time": (OUTCOME, ob.time),
     "padding-ran": (("padding",), lambda r: ran_on("padding", r["padding"]["meta"])),
     "padding": (("padding",), tb.padding),
     "planning": (("padding",), tb.planning),
@@ -136,6 +143,10 @@ BLOCKS: dict[str, tuple[tuple[str, ...], Callable[[dict], str]]] = {
     "delivery": (("delivery",), tb.delivery),
     "chapters": (("delivery",), tb.chapters),
     "first-steps": (("delivery",), tb.first_steps),
+}
+README_BLOCKS = {
+    README_HEADLINE: (HEADLINE, lambda r: headline_with_sources(r)),
+    README_OUTCOME: (OUTCOME, ob.headline),
 }
 
 
@@ -177,15 +188,14 @@ def render(markdown: str, results: dict, blocks: dict | None = None) -> str:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.tables", description=__doc__.splitlines()[0])
     p.add_argument("--md", default="BENCHMARKS.md", help="the document (default %(default)s)")
-    p.add_argument("--readme", help=f"also its {README_HEADLINE} block, e.g. README.md")
+    p.add_argument("--readme", help="also its headline blocks, e.g. README.md")
     p.add_argument("--dir", default="benchmarks", help="the JSON files (default %(default)s)")
     args = p.parse_args(argv)
     try:
         results = load_results(args.dir, [n for files, _ in BLOCKS.values() for n in files])
         texts = {args.md: render(Path(args.md).read_text(), results)}  # all rendered first
         if args.readme:
-            readme = {README_HEADLINE: (HEADLINE, headline_with_sources)}
-            texts[args.readme] = render(Path(args.readme).read_text(), results, readme)
+            texts[args.readme] = render(Path(args.readme).read_text(), results, README_BLOCKS)
     except (FileNotFoundError, ValueError) as err:
         raise SystemExit(f"python -m bench.tables: error: {err}") from None
     for path, text in texts.items():

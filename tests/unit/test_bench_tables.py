@@ -63,8 +63,8 @@ def test_benchmarks_md_and_the_readme_block_are_the_rendering_of_the_committed_j
     doc = (ROOT / "BENCHMARKS.md").read_text()
     assert render(doc, results) == doc, "BENCHMARKS.md is stale: run `make bench-render`"
     readme = (ROOT / "README.md").read_text()
-    block = {README_HEADLINE: (tables.HEADLINE, tables.headline_with_sources)}
-    assert render(readme, results, block) == readme
+    assert render(readme, results, tables.README_BLOCKS) == readme
+    assert set(tables.README_BLOCKS) == set(_blocks(readme))
 
 
 def _blocks(doc: str) -> dict[str, str]:
@@ -74,14 +74,14 @@ def _blocks(doc: str) -> dict[str, str]:
 def test_the_prose_holds_no_figure_and_the_blocks_only_tables():
     doc = (ROOT / "BENCHMARKS.md").read_text()
     blocks = _blocks(doc)
-    assert set(BLOCKS) | {"outcome"} == set(blocks)
+    assert set(BLOCKS) == set(blocks)
     prose = re.sub(r"<!-- ([\w:-]+):start.*?<!-- \1:end -->", "", doc, flags=re.S)
     figures = re.findall(r"\d+\.\d+|\d{1,3}(?:,\d{3})+|\d+ ?%|\b\d{2,}\b", prose)
     assert figures == [], "figures belong in the generated tables"
     for name in BLOCKS:
         lines = [ln for ln in blocks[name].splitlines() if ln]
         assert lines and all(ln.startswith("|") for ln in lines), name
-    assert 0 < doc.index("## Outcome: held-out loss") < doc.index("<!-- outcome:start -->")
+    assert 0 < doc.index("## Outcome: held-out loss") < doc.index("<!-- outcome-ran:start -->")
 
 
 def test_the_first_steps_table_without_the_row_cache_says_off(results):

@@ -1,12 +1,13 @@
 """The outcome benchmark's arithmetic: steps that fit a time budget, the summary per policy and
-question, the tables rendered into BENCHMARKS.md's block (no training here)."""
+question, the tables rendered into BENCHMARKS.md's and the README's blocks (no training here)."""
 
 from __future__ import annotations
 
 import pytest
 
+from bench import outcome_blocks as ob
 from bench.outcome import summarize
-from bench.outcome_render import START, outcome_headline, outcome_tables, replace_block
+from bench.tables import render
 
 
 def _run(losses, tokens, steps):
@@ -76,31 +77,45 @@ def test_equal_time_reads_each_curve_at_sorted_static_time_and_when_it_reaches_i
 def test_without_a_throughput_there_is_no_equal_time_answer():
     r = _results()
     del r["throughput"]
-    assert "time" not in summarize(r) and "At equal time" not in outcome_tables(r)
+    assert "time" not in summarize(r)
+    assert ob.time({"outcome": r}) == "| equal time |\n|---|\n| not measured |"
 
 
-def test_the_tables_go_between_the_markers_and_nowhere_else():
-    r = _results()
-    tables = outcome_tables(r)
+def test_the_tables_show_each_policy_as_measured_between_their_markers_and_nowhere_else():
+    r = {"outcome": _results()}
+    time = ob.time(r)
+    assert "| held-out loss at 100 s (mean) |" in time.splitlines()[0]
     assert (
-        "| packed rows (2,048 x 8; the demo default) | 2.00 (2.00, 2.00) | 50 s | 2.0500 |"
-        in tables
+        "| packed rows (2,048 x 8; the demo default) | 2.00 (2.00, 2.00) | 50 s | 2.0500 |" in time
     )
     assert (
         "| random | 0.50 (0.50, 0.50) | 200 s | 2.5000 | 0.0000 | 2.5000 | 200 s (1/1 seeds) |"
-        in tables
+        in time
     )
-    doc = f"# Benchmarks\nhand-written prose\n{START}\nold\n<!-- outcome:end -->\nmore prose\n"
-    new = replace_block(doc, tables)
-    assert new.startswith("# Benchmarks\nhand-written prose\n") and new.endswith("more prose\n")
-    assert "old" not in new and tables.strip() in new
-    with pytest.raises(ValueError):
-        replace_block("no markers", tables)
+    opt = ob.optimisation(r)
+    assert opt.index("| packed rows") < opt.index("| sorted-static")  # best first
+    row = "| sorted-static (fixed batches, order shuffled) | 2.2500 | 0.1000 | 2.2000, 2.3000 |"
+    assert row in opt
+    ran = ob.ran(r)
+    assert (
+        "| `python -m bench.outcome` | today | n/a | 2 CPU cores | 10 / 2 | 100 | 3 | 25 | 0, 1 | 64 |"
+        in ran
+    )
+    blocks = {
+        n: (("outcome",), fn) for n, fn in [("outcome-time", ob.time), ("outcome-ran", ob.ran)]
+    }
+    doc = (
+        "# Benchmarks\nprose\n<!-- outcome-ran:start -->\nold\n<!-- outcome-ran:end -->\n"
+        "between\n<!-- outcome-time:start -->\nold\n<!-- outcome-time:end -->\nmore prose\n"
+    )
+    new = render(doc, r, blocks)
+    assert new.startswith("# Benchmarks\nprose\n") and new.endswith("more prose\n")
+    assert "old" not in new and "\nbetween\n" in new and time in new and ran in new
 
 
 def test_the_readme_headline_has_each_policy_once_with_mean_and_spread():
-    r = _results()
-    head = outcome_headline(r)
+    r = {"outcome": _results()}
+    head = ob.headline(r)
     # packed's final losses 2.0 and 2.1 -> mean 2.05, half the spread 0.05 (also at the budget)
     assert (
         "| packed rows (2,048 x 8; the demo default) | 2.050 ± 0.050 (2 seeds) | 2.050 ± 0.050 (2 seeds) |"
@@ -108,6 +123,15 @@ def test_the_readme_headline_has_each_policy_once_with_mean_and_spread():
     )
     assert "| random | 2.000 ± 0.000 (1 seeds) | 2.500 ± 0.000 (1 seeds) |" in head
     assert head.index("| packed rows") < head.index("| sorted-static")  # best first
+    assert "| outcome | today | 2 CPU cores | 3 |" in head  # where the figures come from
     readme = "intro\n<!-- outcome:headline:start -->\n<!-- outcome:headline:end -->\nrest\n"
-    new = replace_block(readme, head, "outcome:headline")
+    new = render(readme, r, {"outcome:headline": (("outcome",), ob.headline)})
     assert new.startswith("intro\n") and new.endswith("rest\n") and head.strip() in new
+
+
+def test_the_plot_draws_every_question_beside_the_json(tmp_path):
+    from bench.outcome import LABELS
+    from bench.plots import plot_outcome
+
+    path = plot_outcome(_results(), tmp_path / "outcome.png", LABELS)
+    assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
