@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "machine_info",
     "median_time",
     "run_script",
+    "torch_threads",
     "write_json",
 ]
 
@@ -93,6 +95,19 @@ def median_time(fn: Callable, repeats: int) -> tuple[float, list[float], object]
         out = fn()
         times.append(time.perf_counter() - t)
     return float(statistics.median(times)), times, out
+
+
+@contextmanager
+def torch_threads(n: int):
+    """torch on `n` threads inside the block (as a Ray worker with `n` CPUs), restored after."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def write_json(path: str | Path, results: dict) -> None:

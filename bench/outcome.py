@@ -47,7 +47,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bench.common import DEMO_CONFIG, write_json
+from bench.common import DEMO_CONFIG, torch_threads, write_json
 from bench.plots import plot_outcome
 from bench.training import scaled_edges
 from pipeline.core.config import RunConfig, load_config
@@ -61,6 +61,7 @@ __all__ = [
     "load_corpus",
     "main",
     "policy_config",
+    "speed_vs_sorted",
     "summarize",
 ]
 
@@ -288,6 +289,13 @@ def measure_throughput(
     return out
 
 
+def speed_vs_sorted(throughput: dict) -> tuple[float, list[float]]:
+    """A policy's real tokens/s over sorted-static's, from its `measure_throughput` entry: the
+    inverse of its median per-round ratio of seconds per real token, and each round's."""
+    ratios = throughput["ratio_to_reference"]
+    return 1 / float(np.median(ratios)), [1 / r for r in ratios]
+
+
 def summarize(results: dict) -> dict:
     """Per question and policy: the final held-out loss (mean, spread = max - min over seeds,
     each seed's). With a measured throughput, the equal-time question from the optimisation
@@ -349,18 +357,6 @@ def _row(by_seed: dict, loss: list[float], **more) -> dict:
         "spread": float(np.max(loss) - np.min(loss)),
         **more,
     }
-
-
-@contextlib.contextmanager
-def _threads(n: int):
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 _CORPUS: Corpus | None = None
@@ -478,7 +474,7 @@ def main(argv: list[str] | None = None) -> dict:
                     tasks.append(("optimisation", name, seed, cfg(name, seed)))
     if "time" in questions and "throughput" not in results:
         print("outcome: throughput, every policy's steps taking turns", flush=True)
-        with _threads(1):
+        with torch_threads(1):
             results["throughput"] = measure_throughput(
                 {n: cfg(n, 0) for n in policies}, corpus, rounds=args.throughput_rounds
             )

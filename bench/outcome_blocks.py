@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.outcome import LABELS, summarize
+from bench.outcome import LABELS, speed_vs_sorted, summarize
 from bench.table_blocks import columns
 
 __all__ = ["headline", "optimisation", "ran", "time"]
@@ -61,7 +61,7 @@ def time(r: dict) -> str:
         return columns("equal time=x", [{"x": "not measured"}])
     rows = []
     for n, x in _by_mean(s):
-        ratios = 1 / np.asarray(o["throughput"][n]["ratio_to_reference"])
+        speed, rounds = speed_vs_sorted(o["throughput"][n])
         got = [t for t in x["time_to_sorted_loss_s"] if t is not None]
         reach = (
             f"{np.median(got):.0f} s ({len(got)}/{len(x['loss'])} seeds)" if got else "not reached"
@@ -69,7 +69,7 @@ def time(r: dict) -> str:
         rows.append(
             x
             | {"policy": LABELS.get(n, n), "each": _seeds(x["loss"]), "reach": reach}
-            | {"speed": f"{np.median(ratios):.2f} ({', '.join(f'{v:.2f}' for v in ratios)})"}
+            | {"speed": f"{speed:.2f} ({', '.join(f'{v:.2f}' for v in rounds)})"}
             | {"run": f"{np.mean(x['run_s']):.0f} s"}
         )
     budget = next(iter(s.values()))["budget_s"]

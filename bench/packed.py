@@ -21,7 +21,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from bench.common import DEMO_CONFIG, run_script
+from bench.common import DEMO_CONFIG, run_script, torch_threads
 from bench.packing import packing_table
 from bench.runs import load1
 from bench.training import scaled_lengths
@@ -46,14 +46,10 @@ def _one_thread_model(model_cfg, max_length: int):
     from pipeline.data.rechunk import keep_freed_memory
     from pipeline.learn.factory import build_model
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         reused = keep_freed_memory()
         torch.manual_seed(0)
         yield build_model(model_cfg, max_length), reused
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _collate(values, offsets, samples, per_row, T, multiple=1):
@@ -91,18 +87,15 @@ def measure_step_kernel(
     values = rng.integers(3, cfg.model.vocab_size, real).astype(np.int32)
     offsets = np.concatenate([[0], np.cumsum(lens)])
 
-    # Micro-batches of at most `slots` padded tokens each: packed, one row of R = ROW_LENGTHS
-    # longest samples (as the training runs pack); padded, the samples sorted by length
-    # (sorted-static), each batch as many as fit padded.
-    R = ROW_LENGTHS * T
-    slots = R
+    # Micro-batches of at most `slots` = one row's padded tokens each: packed, one row of
+    # R = ROW_LENGTHS longest samples (as the training runs pack); padded, the samples sorted by
+    # length (sorted-static), each batch as many as fit padded.
+    R = slots = ROW_LENGTHS * T
     row_of, closed = best_fit_rows(lens, R, 16)
     packed = []
-    for rows in np.array_split(closed, -(-closed.size // (slots // R))):
-        samples = [np.flatnonzero(row_of == r) for r in rows]
-        packed.append(
-            _collate(values, offsets, np.concatenate(samples), [len(x) for x in samples], R)
-        )
+    for row in closed:
+        samples = np.flatnonzero(row_of == row)
+        packed.append(_collate(values, offsets, samples, [samples.size], R))
     multiple = cfg.batching.pad_to_multiple_of
     padded, cur = [], []
     for i in np.argsort(lens, kind="stable"):
