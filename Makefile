@@ -3,7 +3,7 @@ PY      := .venv/bin/python
 STAMP   := .venv/.installed
 CONFIG  ?= configs/local.yaml
 
-.PHONY: setup demo test test-slow test-all bench bench-render bench-outcome bench-sizing lint report gpu-smoke clean
+.PHONY: setup demo test test-slow test-all bench bench-render bench-outcome bench-sizing lint report gpu-check gpu-smoke clean
 
 setup: $(STAMP)
 
@@ -56,9 +56,14 @@ bench-sizing: $(STAMP)
 report: $(STAMP)
 	$(PY) -m jobs.plan_buckets --preset seed902k --num-buckets auto --json out/report.json --png out/report.png
 
-## On a CUDA machine: GPU tests and a short bf16 run.
-gpu-smoke: $(STAMP)
-	scripts/gpu_smoke.sh
+## On a GPU machine, with its own Python and torch (no venv, no Ray, no registry: missing packages
+## come from .whl/, see scripts/gpu_check.sh --fetch-wheels): the GPU tests and the step benchmark.
+gpu-check:
+	scripts/gpu_check.sh
+
+## On a CUDA machine with the project installed (Ray included): a short bf16 DDP run of packed rows.
+gpu-smoke:
+	PY=$${PY:-python3} scripts/gpu_smoke.sh
 
 lint: $(STAMP)
 	$(PY) -m ruff check pipeline bench jobs tests examples

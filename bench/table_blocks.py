@@ -217,16 +217,6 @@ def training(r: dict) -> str:
     )
 
 
-def gpu(r: dict) -> str:
-    g = r["training"]["gpu"]
-    return columns(
-        "GPU row=what | real Ktok/s=real_tokens_per_s/1e3:.1f | steps/s=steps_per_s:.2f"
-        " | wait fraction=wait_fraction:.3f | padding eff.=padding_efficiency:.3f"
-        " | metrics file=metrics_file",
-        [g | {"what": "not measured" if "skipped" in g else "bucketed"}],
-    )
-
-
 def training_budget(r: dict) -> str:
     tb = r["training"]["training"].get("token_budget")
     if tb is None:  # a --quick run leaves it out

@@ -19,6 +19,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+from bench import gpu_blocks as gb
 from bench import outcome_blocks as ob
 from bench import table_blocks as tb
 from bench.outcome import speed_vs_sorted
@@ -132,12 +133,15 @@ BLOCKS: dict[str, tuple[tuple[str, ...], Callable[[dict], str]]] = {
     "training-ran": (("training",), lambda r: ran_on("training", r["training"]["meta"])),
     "training-setup": (("training",), tb.training_setup),
     "training": (("training",), tb.training),
-    "gpu": (("training",), tb.gpu),
     "training-budget": (("training",), tb.training_budget),
     "readability": (("training",), tb.readability),
     "packed-ran": (PACKED, lambda r: ran_on("packed", r["packed"]["meta"])),
     "packed-kernel": (PACKED, tb.packed_kernel),
     "packed-paper": (PACKED, tb.packed_paper),
+    "gpu-ran": (("gpu",), lambda r: ran_on("gpu", r["gpu"]["meta"])),
+    "gpu-steps": (("gpu",), gb.steps),
+    "gpu-goals": (("gpu",), gb.goals),
+    "gpu-first-run": (("gpu_first_run",), lambda r: gb.first_run(r["gpu_first_run"])),
     "delivery-ran": (("delivery",), lambda r: ran_on("delivery", r["delivery"]["meta"])),
     "delivery": (("delivery",), tb.delivery),
     "chapters": (("delivery",), tb.chapters),

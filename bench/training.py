@@ -9,9 +9,9 @@ keeps the preset's length *distribution* scaled by max_length / 8192 (and the te
 it), instead of truncating at max_length, which would pile most samples onto one length.
 Throughput is read back from the rank-0 metrics file (one JSON line per step, `bench.runs`).
 The script also measures loss readability (raw against bucket-debiased loss, step to step) on
-those runs and on real text (`bench.realtext`), the same policies under a token budget, and the
-GPU row from a `scripts/gpu_smoke.sh` metrics file when there is one; it draws training.png,
-loss.png and realtext_bucket_loss.png beside the JSON.
+those runs and on real text (`bench.realtext`) and the same policies under a token budget; it
+draws training.png, loss.png and realtext_bucket_loss.png beside the JSON. GPU steps are
+`bench.gpu`'s question.
 """
 
 from __future__ import annotations
@@ -49,7 +49,6 @@ __all__ = [
     "write_scaled_corpus",
     "policy_overrides",
     "aggregate_runs",
-    "gpu_row",
     "measure_training",
     "main",
 ]
@@ -263,22 +262,6 @@ def aggregate_runs(runs: list[dict], sorted_runs: list[dict]) -> dict:
     }
 
 
-# Where `scripts/gpu_smoke.sh --set train.metrics_file=$PWD/out/gpu_smoke/metrics.jsonl` leaves
-# its rank-0 metrics; when present, the GPU row is filled from it.
-GPU_METRICS = "out/gpu_smoke/metrics.jsonl"
-
-
-def gpu_row(path: str) -> dict:
-    """The GPU row: a bucketed run's throughput from gpu_smoke.sh's metrics file, if one exists."""
-    f = Path(path)
-    if not f.is_file():
-        return {"skipped": f"{path} not found", "metrics_file": path}
-    s = run_summary(read_metric_lines(f))
-    for k in ("loss", "loss_debiased", "bucket", "loss_by_bucket"):
-        s.pop(k)
-    return {"metrics_file": path, **s}
-
-
 def measure(args, log) -> dict:
     """Every policy's training, their readability, the token-budget round and real text."""
     import ray
@@ -315,7 +298,7 @@ def measure(args, log) -> dict:
     plot_training(out, plots / "training.png")
     plot_loss(out, ["edges:team", "optimal:auto"], plots / "loss.png")
     plot_bucket_curves(out["realtext"], plots / "realtext_bucket_loss.png")
-    return {"training": out, "gpu": gpu_row(args.gpu_metrics)}
+    return {"training": out}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -323,7 +306,6 @@ def main(argv: list[str] | None = None) -> dict:
         p.add_argument("--samples", type=int, default=3000, help="training corpus size")
         p.add_argument("--repeats", type=int, default=3, help="rounds of every policy")
         p.add_argument("--work", default="out/bench", help="corpora, indexes and runs")
-        p.add_argument("--gpu-metrics", default=GPU_METRICS, help="the GPU row's metrics file")
 
     return run_script("bench.training", __doc__, measure, add_args, argv)
 

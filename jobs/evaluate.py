@@ -6,7 +6,10 @@ complete checkpoint is evaluated, or `--checkpoint checkpoint_step00000120`. The
 `--set eval.split=NAME` names another, `--set scaling.num_workers=N` evaluates on N workers (the
 figures do not depend on it). Prints the held-out loss, accuracy, per-sample loss and each
 training bucket's loss, the same figures a run logs as `eval/*`; `--json OUT` writes them under
-those names with the checkpoint and its step. A user error ends in one line and exit code 2.
+those names with the checkpoint and its step. A user error ends in one line and exit code 2,
+a model that does not fit the checkpoint (`--set model.*`) before any worker starts. The run's
+relative local paths are found from any directory: a run records them absolute, and an older
+checkpoint's resolve against the directory its relative checkpoint.storage_path was in.
 """
 
 from __future__ import annotations
@@ -39,6 +42,95 @@ def _lines(m: dict, target) -> list[str]:
     return out
 
 
+def _run_cwd(recorded, uri: str) -> str | None:
+    """The directory an older run started in, from where its checkpoint lies: a relative
+    checkpoint.storage_path `runs` and a checkpoint at `/p/runs/<run_name>/checkpoint_x` say
+    `/p`. None when the storage path was absolute or remote (nothing to go by)."""
+    import os
+
+    from pipeline.train.preflight import is_relative_local
+
+    storage = recorded.checkpoint.storage_path
+    if "://" in uri or not is_relative_local(storage):
+        return None
+    run_dir = os.path.dirname(uri.rstrip("/"))
+    tail = os.path.join(os.path.normpath(storage), recorded.checkpoint.run_name)
+    if tail.startswith("..") or not run_dir.endswith(os.sep + tail):
+        return None
+    return run_dir[: -len(tail) - 1] or os.sep
+
+
+def _overridden(key: str, overrides: list[str]) -> bool:
+    keys = [o.split("=", 1)[0].strip() for o in overrides]
+    return any(k == key or key.startswith(k + ".") or k.startswith(key + ".") for k in keys)
+
+
+def checkpoint_config(target, overrides: list[str]):
+    """The checkpoint's recorded config with `overrides` on top, its relative local paths (an
+    older run's) resolved against the directory that run started in; the paths in
+    `overrides` are the user's, relative to today's directory."""
+    from pipeline.core.config import path_fields, validate
+    from pipeline.core.deliveryconfig import upgrade_recorded
+    from pipeline.data.fs import filesystem_for
+    from pipeline.learn.checkpoint import RUN_CONFIG_FILE
+    from pipeline.train.evaluate_run import target_config
+    from pipeline.train.preflight import absolute_paths
+
+    fs, path = filesystem_for(target.uri)
+    try:
+        with fs.open_input_stream(f"{path}/{RUN_CONFIG_FILE}") as f:
+            recorded = validate(upgrade_recorded(json.loads(f.read())))
+    except FileNotFoundError:
+        return target_config(target, overrides)  # which names what is missing
+    cwd = _run_cwd(recorded, target.uri)
+    if cwd is None:
+        return target_config(target, overrides)
+    fixed = absolute_paths(recorded.model_dump(mode="json"), recorded, cwd)
+    resolved = []
+    for key, value in path_fields(recorded):
+        node = fixed
+        for part in key.split("."):
+            node = node[part]
+        if node != value and not _overridden(key, overrides):
+            resolved.append(f"{key}={node}")
+    return target_config(target, resolved + list(overrides))
+
+
+def check_model_fits(cfg, target) -> None:
+    """Refuse, on the driver, a model other than the one the checkpoint's weights were trained
+    as (a `--set model.*` override): every worker would fail loading them."""
+    from pipeline.core.config import ConfigError
+    from pipeline.data.fs import filesystem_for
+    from pipeline.learn.checkpoint import STATE_FILE
+    from pipeline.learn.model_record import model_changes, model_record
+
+    fs, path = filesystem_for(target.uri)
+    with fs.open_input_stream(f"{path}/{STATE_FILE}") as f:
+        recorded = json.loads(f.read()).get("model")
+    changed = model_changes(recorded, model_record(cfg.model)) if recorded else ""
+    if changed:
+        raise ConfigError(
+            f"the checkpoint {target.uri} was trained as another model ({changed}): drop the "
+            "--set model.* overrides (the checkpoint's own config names its model)"
+        )
+
+
+def _check_run_dir(run_dir: str) -> None:
+    """A run directory that is not there is named as such (not "no complete checkpoint"), with
+    what the argument is."""
+    import pyarrow.fs as pafs
+
+    from pipeline.data.fs import filesystem_for
+    from pipeline.train.evaluate_run import CheckpointError
+
+    fs, root = filesystem_for(run_dir)
+    if fs.get_file_info(root).type == pafs.FileType.NotFound:
+        raise CheckpointError(
+            f"run directory {run_dir} does not exist: give a run's directory, "
+            "<checkpoint.storage_path>/<checkpoint.run_name> (e.g. runs/bucketray-local)"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m jobs.evaluate", description=__doc__.splitlines()[0]
@@ -52,12 +144,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from pipeline.train.control import deterministic_cause
-    from pipeline.train.evaluate_run import evaluate_checkpoint, find_checkpoint, target_config
+    from pipeline.train.evaluate_run import evaluate_checkpoint, find_checkpoint
     from pipeline.train.launch import init_ray
 
     try:
+        _check_run_dir(args.run_dir)
         target = find_checkpoint(args.run_dir, args.checkpoint)
-        cfg = target_config(target, args.overrides)
+        cfg = checkpoint_config(target, args.overrides)
+        check_model_fits(cfg, target)
         init_ray(args.address, debug=args.debug)
         metrics = evaluate_checkpoint(cfg, target)
     except Exception as e:

@@ -5,6 +5,9 @@
 Takes the run's latest checkpoint under checkpoint.storage_path/run_name (or --checkpoint DIR,
 local paths only) and writes config.json + model.safetensors, plus the tokenizer files when
 --tokenizer is given, so `AutoModelForCausalLM.from_pretrained(OUT)` loads the trained weights.
+The exported config's bos / eos / pad ids are the tokenizer's (a bare tokenizer.json's roles
+are read from its post-processor's template and the usual names), so `generate()` stops at
+the tokenizer's end-of-sequence token.
 The model is built from the config the checkpoint recorded (the model the run trained), not from
 today's config file: an `hf_config` edited since is named in one line and not used. A folder that
 is not a checkpoint, or weights that do not fit, end in one line (exit 2).
@@ -70,16 +73,103 @@ def export(cfg, checkpoint: Path, out: Path, tokenizer: str | None = None) -> Pa
     if note:
         print(f"[bucketray] {note}", flush=True)
     load_weights(model, state.model, where=f"checkpoint {checkpoint}")
+    if tokenizer is not None:
+        tok = _load_tokenizer(tokenizer)
+        print(f"[bucketray] {_use_special_tokens(model.hf, tok)}", flush=True)
+        tok.save_pretrained(out)
     model.hf.save_pretrained(out)
-    if tokenizer is not None and Path(tokenizer).is_dir():  # a save_pretrained folder
+    return out
+
+
+# Names that say a special token's role, for a bare tokenizer.json (which records no roles).
+_ROLE_NAMES = {
+    "bos_token": ("[bos]", "<s>", "<bos>", "<|bos|>", "<|begin_of_text|>", "<|startoftext|>"),
+    "eos_token": ("[eos]", "</s>", "<eos>", "<|eos|>", "<|end_of_text|>", "<|endoftext|>"),
+    "pad_token": ("[pad]", "<pad>", "<|pad|>", "<|padding|>"),
+    "unk_token": ("[unk]", "<unk>", "<|unk|>"),
+}
+
+
+def _template_specials(proc: dict | None) -> dict[str, str]:
+    """bos / eos from a tokenizer.json post-processor: the special token its single-sequence
+    template puts first and the one it puts last (`[BOS] $A [EOS]`), or Roberta/Bert's cls
+    and sep."""
+    if not proc:
+        return {}
+    if proc.get("type") == "Sequence":
+        found: dict[str, str] = {}
+        for p in proc.get("processors", []):
+            found.update(_template_specials(p))
+        return found
+    if "cls" in proc and "sep" in proc:
+        return {"bos_token": proc["cls"][0], "eos_token": proc["sep"][0]}
+    items = proc.get("single") or []
+    seq = [i for i, x in enumerate(items) if "Sequence" in x]
+    if not seq:
+        return {}
+    out = {}
+    before = [x["SpecialToken"]["id"] for x in items[: seq[0]] if "SpecialToken" in x]
+    after = [x["SpecialToken"]["id"] for x in items[seq[-1] + 1 :] if "SpecialToken" in x]
+    if before:
+        out["bos_token"] = before[0]
+    if after:
+        out["eos_token"] = after[-1]
+    return out
+
+
+def tokenizer_json_specials(path: str) -> dict[str, str]:
+    """The roles of a tokenizer.json's special tokens (bos, eos, pad, unk), which a bare
+    tokenizer.json does not record: the post-processor's template says bos and eos, the model's
+    unk_token says unk, and the usual names say the rest."""
+    import json
+
+    raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    specials = [t["content"] for t in raw.get("added_tokens", []) if t.get("special")]
+    found = {}
+    for role, names in _ROLE_NAMES.items():
+        match = [t for t in specials if t.lower() in names]
+        if match:
+            found[role] = match[0]
+    unk = (raw.get("model") or {}).get("unk_token")
+    if unk:
+        found["unk_token"] = unk
+    found.update(_template_specials(raw.get("post_processor")))
+    return found
+
+
+def _load_tokenizer(tokenizer: str):
+    """A tokenizer folder (save_pretrained) as it is, or a tokenizer.json with the roles of
+    its special tokens, so that AutoTokenizer loads the export knowing them."""
+    if Path(tokenizer).is_dir():
         from transformers import AutoTokenizer
 
-        AutoTokenizer.from_pretrained(tokenizer, local_files_only=True).save_pretrained(out)
-    elif tokenizer is not None:
-        from transformers import PreTrainedTokenizerFast
+        return AutoTokenizer.from_pretrained(tokenizer, local_files_only=True)
+    if not Path(tokenizer).is_file():
+        raise ConfigError(f"--tokenizer {tokenizer}: no such file or folder")
+    from transformers import PreTrainedTokenizerFast
 
-        PreTrainedTokenizerFast(tokenizer_file=str(tokenizer)).save_pretrained(out)
-    return out
+    return PreTrainedTokenizerFast(
+        tokenizer_file=str(tokenizer), **tokenizer_json_specials(tokenizer)
+    )
+
+
+def _use_special_tokens(hf_model, tok) -> str:
+    """Give the model's config and generation config the tokenizer's bos / eos / pad ids (the
+    model type's defaults, e.g. Llama's bos=1 eos=2, name other tokens of another tokenizer,
+    and generate() would not stop at its end token). Returns the line saying which."""
+    ids = {
+        "bos_token_id": tok.bos_token_id,
+        "eos_token_id": tok.eos_token_id,
+        "pad_token_id": tok.pad_token_id,
+    }
+    for target in (hf_model.config, hf_model.generation_config):
+        for k, v in ids.items():
+            setattr(target, k, v)
+    shown = ", ".join(f"{k.split('_')[0]} {'none' if v is None else v}" for k, v in ids.items())
+    line = f"special tokens from the tokenizer: {shown}"
+    if ids["eos_token_id"] is None:
+        line += " (no end-of-sequence token: generate() stops only at max_new_tokens)"
+    return line
 
 
 def main(argv: list[str] | None = None) -> int:

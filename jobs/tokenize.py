@@ -4,7 +4,8 @@
     python -m jobs.tokenize --input DIR --tokenizer TOKENIZER_DIR --messages-column messages --out DIR
 
 Reads .jsonl/.json/.parquet/.txt files (the text field: --text-column), writes shard-*.parquet
-(sample_id, input_ids) under --out, prints a summary (samples, tokens, length percentiles,
+(sample_id, input_ids) under --out (with --heldout FRACTION: train-*.parquet and, that fraction
+of the source files held out, validation-*.parquet, for `eval.split: validation`), prints a summary (samples, tokens, length percentiles,
 empty and undecodable documents, every input file skipped and why) and optionally the length histogram (--png). Runs on the Ray
 cluster named by RAY_ADDRESS, or on local Ray. See pipeline/data/tokenize.py.
 """
@@ -42,15 +43,27 @@ def main(argv: list[str] | None = None) -> dict:
         "rendered by the tokenizer folder's chat template; shards get a loss_mask that is 1 on "
         "the assistant's turns only",
     )
+    p.add_argument(
+        "--heldout",
+        type=_fraction,
+        default=0.0,
+        metavar="FRACTION",
+        help="hold out about this fraction of the source files (whole files, chosen by a stable "
+        "hash of their paths) as split `validation` beside split `train`, for the config's "
+        "eval.split: validation (e.g. 0.05)",
+    )
     p.add_argument("--png", help="write the length histogram to this PNG")
     a = p.parse_args(argv)
+    import logging
+
     import ray
 
     from pipeline.data.connect import connect
 
     started = not ray.is_initialized()
+    logging.getLogger("ray").setLevel(logging.ERROR)  # Ray's start-up lines: the job has its own
     try:  # RAY_ADDRESS (`ray job submit`) or a private local instance, never a stale address file
-        connect(log_to_driver=False, include_dashboard=False)
+        connect(log_to_driver=False, include_dashboard=False, logging_level=logging.ERROR)
     except ConfigError as e:
         p.exit(2, f"tokenize: {e}\n")
     try:
@@ -62,6 +75,7 @@ def main(argv: list[str] | None = None) -> dict:
             add_special_tokens=not a.no_special_tokens,
             png=a.png,
             messages_column=a.messages_column,
+            heldout=a.heldout,
         )
     except TokenizeError as e:
         p.exit(2, f"tokenize: {e}\n")
@@ -70,6 +84,14 @@ def main(argv: list[str] | None = None) -> dict:
             ray.shutdown()
     print(json.dumps(summary))
     print(f"tokenize: set model.vocab_size: {summary['vocab_size']} and data.path: {a.out}")
+    if a.heldout:
+        print(
+            f"tokenize: held out {len(summary['heldout_files'])} of {summary['files']} files "
+            f"({summary['heldout_samples']:,} samples, {summary['train_samples']:,} left to "
+            f"train on; {summary['heldout_duplicates_dropped']:,} held-out documents with a "
+            "training document's exact tokens dropped) as split validation: the config's "
+            "eval.split: validation evaluates them"
+        )
     _print_skipped_files(summary)
     if summary["empty"] or summary["undecodable"]:
         print(
@@ -77,6 +99,18 @@ def main(argv: list[str] | None = None) -> dict:
             f"documents, e.g. {summary['problems'][:3]} (counts complete; the first ones are listed in {a.out}/{MARKER})"
         )
     return summary
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: a fraction of the source files between 0 and 1, e.g. 0.05"
+        )
+    return value
 
 
 def _print_skipped_files(summary: dict) -> None:

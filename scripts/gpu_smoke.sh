@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# GPU smoke test, for a machine with CUDA GPUs and no network (under 5 minutes):
-#   1. the GPU unit tests (tests/gpu: bf16 autocast, pinned batches, empty micro-batches);
-#   2. a short bf16 training run on the synthetic corpus: NCCL DDP over every visible GPU
-#      (at most 4), W&B offline, checkpoints under $SMOKE_OUT (default out/gpu_smoke).
+# GPU smoke test of the Ray path, for a machine with CUDA GPUs and bucketray installed with Ray
+# (under 5 minutes; scripts/gpu_check.sh is the check that needs neither Ray nor a venv):
+#   1. the GPU unit tests (tests/gpu);
+#   2. a short bf16 training run of packed rows (the default batching) on the synthetic corpus:
+#      NCCL DDP over every visible GPU (at most 4), W&B offline, checkpoints under $SMOKE_OUT
+#      (default out/gpu_smoke). SMOKE_BATCHING=token_budget trains padded batches instead.
 # Dry mode (--dry or DRY=1) runs step 2 on CPU so the script cannot rot unnoticed on machines
 # without a GPU: no GPU tests, bf16 off, 2 gloo workers, a few steps on tiny data, its own
 # local Ray instance (RAY_ADDRESS=local). The default test suite runs it
@@ -12,7 +14,7 @@
 # Usage: scripts/gpu_smoke.sh [--dry] [extra --set overrides for the run]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PY:-.venv/bin/python}
+PY=${PY:-python3}  # the machine's own Python: a CPU venv sees no GPU
 export WANDB_MODE=${WANDB_MODE:-offline}
 DRY=${DRY:-0}
 if [ "${1:-}" = "--dry" ]; then
@@ -41,18 +43,22 @@ fi
 
 cfg="$out/smoke.yaml"
 "$PY" - "$cfg" "$out" "$workers" "$use_gpu" "$bf16" "$steps" "$budget" "$max_length" \
-  "$samples" "$DRY" <<'PYEOF'
+  "$samples" "$DRY" "${SMOKE_BATCHING:-packed}" <<'PYEOF'
 import sys
 
 import yaml
 
-path, out, workers, use_gpu, bf16, steps, budget, max_length, samples, dry = sys.argv[1:]
+path, out, workers, use_gpu, bf16, steps, budget, max_length, samples, dry, mode = sys.argv[1:]
 cfg = yaml.safe_load(open("configs/local.yaml"))
 cfg["scaling"].update(num_workers=int(workers), use_gpu=use_gpu == "true", cpus_per_worker=1)
 cfg["train"].update(bf16=bf16, max_steps=int(steps))
-# padded token-budget batches over 8 optimal buckets (the demo packs rows: tests/gpu covers them)
-cfg["batching"] = {"mode": "token_budget", "token_budget": int(budget), "pad_to_multiple_of": 8}
-cfg["buckets"] = {"num_buckets": 8}
+if mode == "packed":  # rows of the top edge, as many per step as the budget holds
+    rows = max(int(workers), int(budget) // int(max_length))
+    cfg["batching"] = {"mode": "packed", "row_tokens": int(max_length), "rows_per_step": rows}
+    cfg["buckets"] = {"num_buckets": "auto"}
+else:  # padded token-budget batches over 8 optimal buckets
+    cfg["batching"] = {"mode": "token_budget", "token_budget": int(budget), "pad_to_multiple_of": 8}
+    cfg["buckets"] = {"num_buckets": 8}
 cfg["data"]["max_length"] = int(max_length)
 cfg["data"]["synthetic"].update(preset="seed902k", out_dir=f"{out}/data", num_samples=int(samples))
 cfg["checkpoint"].update(storage_path=f"{out}/runs", run_name="gpu-smoke", every_steps=30)

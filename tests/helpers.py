@@ -89,6 +89,10 @@ _SWITCHES = {
     "batching": {"mode": {"token_budget", "round_to", "batch_size"}},
     "buckets": {"edges": {"num_buckets", "target_efficiency", "max_buckets"}},
     "data": {"path": {"synthetic"}},
+    # A Hugging Face model takes its sizes from its own config: the tiny model's are dropped.
+    "model": {
+        k: {"d_model", "n_layers", "n_heads", "d_ff"} for k in ("hf_config", "hf_pretrained")
+    },
 }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     Field,
@@ -21,6 +21,7 @@ from pipeline.core import overrides as _overrides
 from pipeline.core.configerrors import format_validation_error
 from pipeline.core.deliveryconfig import DeliveryConfig, moved_keys_refusal
 from pipeline.core.evalconfig import EvalConfig
+from pipeline.core.modelfields import HF_SWITCH_GROUPS, hf_inert_refusal
 from pipeline.core.sections import (
     DEFAULT_TOKEN_BUDGET,
     PATH,
@@ -123,6 +124,9 @@ class ModelConfig(_Section):
     d_ff: PositiveInt = Field(512, description="MLP hidden size.")
     dropout: Annotated[float, Field(ge=0, lt=1)] = Field(0.0, description="Dropout probability.")
 
+    # `--set model.hf_pretrained=...` drops a built-in model's sizes (inert beside it), and back.
+    exclusive_groups: ClassVar[tuple[frozenset[str], ...]] = HF_SWITCH_GROUPS
+
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelConfig:
         if self.d_model % self.n_heads:
@@ -147,6 +151,8 @@ class ModelConfig(_Section):
             )
         if ":" in self.name and not all(self.name.partition(":")[::2]):
             raise ValueError(f"model.name={self.name!r}: expected 'package.module:factory'")
+        if inert := hf_inert_refusal(self):
+            raise ValueError(inert)
         return self
 
 
@@ -177,6 +183,10 @@ class TrainConfig(_Section):
     min_lr_ratio: Annotated[float, Field(ge=0, le=1)] = Field(
         0.1, description="Cosine floor as a fraction of lr."
     )
+    on_schedule_change: Literal["error", "keep", "recompute"] = Field(
+        "error",
+        description="A resume whose run length moves the LR schedule: refuse, keep the checkpoint's, or recompute.",
+    )
     weight_decay: _FiniteNonNeg = Field(0.1, description="AdamW weight decay (finite, >= 0).")
     betas: tuple[_Beta, _Beta] = Field((0.9, 0.95), description="AdamW betas, each in [0, 1).")
     grad_clip: _FiniteNonNeg = Field(1.0, description="Max global grad norm (0: no clipping).")
@@ -185,6 +195,7 @@ class TrainConfig(_Section):
     bf16: Literal["auto", "on", "off"] = Field(
         "auto", description="bf16 autocast: auto = on for GPU."
     )
+    compile: bool = Field(False, description="torch.compile the model's forward (slower start).")
     seed: NonNegativeInt = Field(0, description="Model init / dropout seed.")
     max_nonfinite_steps: NonNegativeInt = Field(
         0,
@@ -371,6 +382,8 @@ class RunConfig(_Section):
             _packed_checks(self, top, what)
         if self.eval is not None and self.eval.split is not None:
             _eval_split_checks(self)
+        if self.eval is not None and self.train.max_steps is not None:  # epochs: the driver
+            self.eval.check_reaches(self.train.max_steps)
         if self.scaling.min_workers is not None and self.plan.on_world_size_change == "refuse":
             raise ValueError(
                 f"scaling.min_workers={self.scaling.min_workers} lets Ray Train resize the run, but "
@@ -429,8 +442,9 @@ def _eval_split_checks(cfg: RunConfig) -> None:
                 f"eval.split={split!r}: the synthetic corpus holds out split 'validation'"
             )
         return
-    # Without data.split, a data.path holding both splits is refused by discovery (files of two
-    # splits side by side), and held-out files trained on are refused by the overlap check.
+    # Without data.split, training reads every file of data.path but eval.split's (files of
+    # two other splits side by side are refused by discovery), and held-out files trained on
+    # are refused by the overlap check.
     if d.split is not None and d.split.lower() == split.lower():
         raise ValueError(
             f"eval.split={split!r} is the training split (data.split): hold out another split, "

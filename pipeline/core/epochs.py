@@ -24,6 +24,7 @@ import numpy as np
 from pipeline.core.buckets import optimize, optimize_all, validate_edges
 from pipeline.core.config import Batching, PackedBatching, PlanConfig, RunConfig
 from pipeline.core.frontier import epoch0_efficiency, plan_point
+from pipeline.core.modelfields import model_width
 from pipeline.core.packing import PackingSpec, attention_width_for, pack_epoch, packed_summary
 from pipeline.core.plan import EpochPlan, epoch_plan
 
@@ -150,7 +151,7 @@ def packing_spec(cfg: RunConfig) -> PackingSpec:
     return PackingSpec(
         row_tokens=b.row_tokens,
         rows_per_step=b.rows_per_step,
-        attention_width=b.attention_width or attention_width_for(cfg.model.d_model),
+        attention_width=b.attention_width or attention_width_for(model_width(cfg.model)),
         open_rows=b.open_rows,
         balance_rows=b.balance_rows,
         longest_first=cfg.plan.longest_first,

@@ -10,7 +10,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, PositiveInt, model_validator
 
-from pipeline.core.sections import PATH, _Section
+from pipeline.core.sections import PATH, ConfigError, _Section
 
 __all__ = ["EvalConfig"]
 
@@ -48,6 +48,11 @@ class EvalConfig(_Section):
         "inline",
         description="inline: between training steps; async: a Ray task evaluates each evaluation's checkpoint.",
     )
+    reference_run: str | None = Field(
+        None,
+        json_schema_extra=PATH,
+        description="A finished run's directory: each evaluation says where this run stands against it at equal tokens.",
+    )
 
     # The held-out source: one or the other (`--set eval.path=DIR` replaces a config's split).
     exclusive_groups: ClassVar[tuple[frozenset[str], ...]] = (
@@ -70,6 +75,19 @@ class EvalConfig(_Section):
                 "eval.at_start / at_epoch_end / at_end to true (or remove the eval section)"
             )
         return self
+
+    def check_reaches(self, total_steps: int) -> None:
+        """Refuse (ConfigError) a run of `total_steps` global steps in which no evaluation is
+        due: eval.every_steps beyond its end and every eval.at_* false. Known in the validator
+        with train.max_steps, else on the driver once the epochs are planned."""
+        if self.at_start or self.at_epoch_end or self.at_end:
+            return
+        if self.every_steps is not None and self.every_steps > total_steps:
+            raise ConfigError(
+                f"eval: no evaluation would ever run: eval.every_steps={self.every_steps} is "
+                f"beyond the run's {total_steps:,} global steps and every eval.at_* is false; "
+                f"set eval.every_steps to at most {total_steps:,}, or eval.at_end=true"
+            )
 
     def due(self, before: int, after: int, *, epoch_end: bool, run_end: bool) -> bool:
         """Whether an evaluation follows the optimizer step that took the run from `before` to

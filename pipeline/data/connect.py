@@ -9,13 +9,22 @@ length index) goes through `connect`: the address it is given, else RAY_ADDRESS 
 on this machine; a named address that does not answer fails in seconds, in one line. A private
 instance that does not come up (Ray waits 30 s for its processes, too little on a machine
 under load) ends in one line saying what to do (`RayStartError`), not Ray's traceback.
+
+A private instance's processes (GCS, raylet, dashboard agent, and through the raylet every
+worker) start in a session of their own (`own_session`). Ray starts them in the driver's process
+group, so a signal to the whole group -- GNU `timeout`, `kill -TERM -PGID`, Slurm's `scancel`, a
+container stop -- killed the GCS under a driver still stopping the run gracefully. Out of the
+group, only the driver gets the signal and stops the run as after a SIGTERM of its own; the
+processes still die with the driver (Ray's kernel fate-sharing, PR_SET_PDEATHSIG, where the
+kernel offers it; elsewhere they stay in the group, where Ray's reaper cleans them up).
 """
 
 from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, nullcontext
 
 from pipeline.core.config import ConfigError
 
@@ -25,6 +34,7 @@ __all__ = [
     "check_reachable",
     "connect",
     "on_this_node",
+    "own_session",
     "resolve_address",
 ]
 
@@ -106,7 +116,8 @@ def connect(
         # What only a new instance can be given (ray.init refuses it when joining).
         init_kwargs = {k: v for k, v in init_kwargs.items() if k not in _NEW_INSTANCE_ONLY}
     try:
-        ctx = ray.init(address=target, **init_kwargs)
+        with own_session() if target == "local" else nullcontext():
+            ctx = ray.init(address=target, **init_kwargs)
     except Exception as e:
         text = " ".join(str(e).split())
         if target != "local" or not any(f in text.lower() for f in _START_FAILURES):
@@ -118,6 +129,31 @@ def connect(
             "with `ray start --head` (it waits as long as it needs) and pass --address auto"
         ) from None
     return target != "local", ctx
+
+
+@contextmanager
+def own_session() -> Iterator[bool]:
+    """While a private instance starts, every process Ray spawns (`services.start_ray_process`,
+    through `services.ConsolePopen`) starts a session of its own, out of the driver's process
+    group (module docstring). Yields whether it applies: only where Ray fate-shares its
+    processes with the driver through the kernel, so they never outlive it."""
+    from ray._private import services, utils
+
+    base = services.ConsolePopen
+    if os.name != "posix" or not utils.detect_fate_sharing_support():
+        yield False
+        return
+
+    class OwnSessionPopen(base):
+        def __init__(self, *args, **kwargs):
+            kwargs.setdefault("start_new_session", True)
+            super().__init__(*args, **kwargs)
+
+    services.ConsolePopen = OwnSessionPopen
+    try:
+        yield True
+    finally:
+        services.ConsolePopen = base
 
 
 def on_this_node():

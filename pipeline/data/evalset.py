@@ -2,10 +2,13 @@
 
 `load_eval_set(cfg, train_index)` builds the length index of `eval.path` (or of the split
 `eval.split` beside the training data) with every contract-10 check and the training run's own
-rules (vocabulary, top edge, `data.over_length`, `data.on_bad_rows`), keeps `eval.max_samples`
-of it, refuses (or with `eval.on_overlap=drop`, drops) held-out samples the training data holds
-too (the same sample id where both datasets carry ids, or the same tokens), and reads every
-held-out row into one Arrow table. That table travels to the workers once; each rank cuts its
+rules (vocabulary, `data.over_length`, `data.on_bad_rows`, and the top edge training uses: the
+optimised one is the longest training sample, often below `data.max_length`, and the model is
+built for it, so held-out samples longer than it are cut there and counted, or refused, exactly
+as a training sample would be), keeps `eval.max_samples` of it, refuses (or with
+`eval.on_overlap=drop`, drops) held-out samples the training data holds too (the same sample id
+where both datasets carry ids, or the same tokens), refuses a set with no next-token target, and
+reads every held-out row into one Arrow table. That table travels to the workers once; each rank cuts its
 share of the held-out plan out of it (`EvalSet.part`), as the training stream would deliver it.
 """
 
@@ -16,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from pipeline.core.config import PackedBatching, RunConfig
 from pipeline.core.epochs import packing_spec
@@ -23,13 +27,21 @@ from pipeline.core.evaluation import eval_plan_for, eval_subset
 from pipeline.core.plan import EpochPlan, RankView
 from pipeline.data.cache import cache_dir_for
 from pipeline.data.errors import DataError
-from pipeline.data.fs import filesystem_for
+from pipeline.data.fs import filesystem_for, list_shards
 from pipeline.data.index import LengthIndex, build_length_index
 from pipeline.data.read import ReadSpec, plan_read_units, read_unit
 from pipeline.data.retry import RetryPolicy
 from pipeline.data.source import resolve_data_path
 
-__all__ = ["EvalSet", "eval_data_config", "load_eval_set", "overlap", "rank_eval_batches"]
+__all__ = [
+    "EvalSet",
+    "eval_data_config",
+    "load_eval_set",
+    "next_token_targets",
+    "overlap",
+    "rank_eval_batches",
+    "training_top",
+]
 
 log = logging.getLogger("bucketray.data")
 
@@ -46,6 +58,7 @@ class EvalSet:
     supervision: str
     truncated: int = 0  # held-out samples cut at the top edge (data.over_length=truncate)
     dropped: int = 0  # dropped as also in the training data (eval.on_overlap=drop)
+    top: int | None = None  # the training top edge the lengths were cut at
 
     @property
     def num_samples(self) -> int:
@@ -64,7 +77,8 @@ class EvalSet:
     def describe(self) -> str:
         extra = []
         if self.truncated:
-            extra.append(f"{self.truncated:,} truncated at the top edge")
+            at = f" {self.top:,}" if self.top is not None else ""
+            extra.append(f"{self.truncated:,} truncated at the top edge{at}")
         if self.dropped:
             extra.append(f"{self.dropped:,} dropped as also in the training data")
         more = f" ({'; '.join(extra)})" if extra else ""
@@ -74,9 +88,10 @@ class EvalSet:
         )
 
 
-def eval_data_config(cfg: RunConfig) -> tuple[RunConfig, str]:
+def eval_data_config(cfg: RunConfig, top: int | None = None) -> tuple[RunConfig, str]:
     """(a copy of `cfg` whose data section points at the held-out files, their location). The
-    held-out set is indexed by the training run's rules; its quarantine file is its own."""
+    held-out set is indexed by the training run's rules, at the training top edge `top` (None:
+    the config's); its quarantine file is its own."""
     e, d = cfg.eval, cfg.data
     if e.path is not None:
         path, split, glob = e.path, None, None
@@ -94,9 +109,67 @@ def eval_data_config(cfg: RunConfig) -> tuple[RunConfig, str]:
             "split": split,
             "glob": glob,
             "quarantine_path": quarantine,
+            # The top edge the index cuts (or refuses) at: explicit edges already name it.
+            "max_length": d.max_length if top is None else int(top),
         }
     )
-    return cfg.model_copy(update={"data": data}), path
+    return cfg.model_copy(update={"data": data, "eval": None}), path
+
+
+def training_top(cfg: RunConfig, train_index: LengthIndex) -> int:
+    """The top edge a run trains at (`epochs.resolve_edges`'s last): the explicit one, else the
+    longest training sample, as the optimiser chooses it."""
+    if cfg.buckets.edges is not None:
+        return int(cfg.buckets.edges[-1])
+    return int(train_index.lengths.max())
+
+
+_TOKENIZE_HINT = (
+    "python -m jobs.tokenize --input HELD_OUT_TEXT --tokenizer ... --out DIR writes such a folder"
+)
+
+
+def _check_source(cfg: RunConfig, ecfg: RunConfig, path: str, what: str) -> None:
+    """A held-out source that is missing, empty or has no file of eval.split, in one line that
+    names the eval field and the fix (the index's own messages name data.path / data.split)."""
+    d = ecfg.data
+    fs, root = filesystem_for(path)
+    try:
+        if list_shards(fs, root, glob=d.glob, split=d.split):
+            return
+    except DataError:
+        pass  # named below by the eval field, not by the index's data.* message
+    if cfg.eval.path is not None:
+        if fs.get_file_info(root).type == pafs.FileType.NotFound:
+            raise DataError(
+                f"{what} does not exist: set eval.path to a folder of held-out parquet shards "
+                f"({_TOKENIZE_HINT}), or use eval.split"
+            )
+        raise DataError(
+            f"{what} has no shards (parquet files) directly in it (subfolders are not read): "
+            f"set eval.path to the folder holding the held-out shards ({_TOKENIZE_HINT})"
+        )
+    split = cfg.eval.split
+    raise DataError(
+        f"{what}: no held-out files of split {split!r} beside the training data (named like "
+        f"{split}-00000.parquet or {split}.parquet): tokenize the corpus with "
+        "`python -m jobs.tokenize ... --heldout 0.05` (train-* and validation-* shards, held "
+        "out by source file; eval.split=validation), set eval.path to a folder of held-out "
+        "shards, or remove the eval section"
+    )
+
+
+def next_token_targets(eval_set: EvalSet) -> int:
+    """Held-out tokens with a next-token target: a sample's first token is never one, and with
+    a loss mask or labels only its supervised positions are."""
+    if eval_set.supervision == "":
+        return int(np.maximum(eval_set.lengths - 1, 0).sum())
+    col = eval_set.table["sup"].combine_chunks()
+    flat = col.flatten().to_numpy(zero_copy_only=False)
+    offsets = col.offsets.to_numpy()
+    live = flat != (0 if eval_set.supervision == "loss_mask" else -100)
+    live[offsets[:-1][np.diff(offsets) > 0]] = False  # the first token of each sample
+    return int(live.sum())
 
 
 def overlap(train: LengthIndex, held: LengthIndex, keep: np.ndarray) -> tuple[np.ndarray, str]:
@@ -129,12 +202,14 @@ def _read_rows(cfg: RunConfig, index: LengthIndex, ids: np.ndarray) -> pa.Table:
     return t.drop_columns(["key"])
 
 
-def load_eval_set(cfg: RunConfig, train_index: LengthIndex) -> EvalSet:
-    """Index, check and read the run's held-out set (module docstring). DataError names what is
-    wrong and the fix."""
+def load_eval_set(cfg: RunConfig, train_index: LengthIndex, top: int | None = None) -> EvalSet:
+    """Index, check and read the run's held-out set (module docstring) at the training top edge
+    `top` (None: the one `train_index` gives). DataError names what is wrong and the fix."""
     e = cfg.eval
-    ecfg, path = eval_data_config(cfg)
+    top = training_top(cfg, train_index) if top is None else int(top)
+    ecfg, path = eval_data_config(cfg, top)
     what = f"eval.path={e.path}" if e.path is not None else f"eval.split={e.split!r} under {path}"
+    _check_source(cfg, ecfg, path, what)
     try:
         index = build_length_index(ecfg, path)
     except DataError as err:
@@ -161,7 +236,7 @@ def load_eval_set(cfg: RunConfig, train_index: LengthIndex) -> EvalSet:
     truncated = 0
     if index.untruncated_lengths is not None:
         truncated = int((index.untruncated_lengths[keep] > index.lengths[keep]).sum())
-    return EvalSet(
+    held = EvalSet(
         path=path,
         sample_ids=ids,
         lengths=index.lengths[keep].astype(np.int64),
@@ -169,7 +244,15 @@ def load_eval_set(cfg: RunConfig, train_index: LengthIndex) -> EvalSet:
         supervision=index.supervision,
         truncated=truncated,
         dropped=dropped,
+        top=top,
     )
+    if next_token_targets(held) == 0:  # else every evaluation is nan over 0 samples
+        raise DataError(
+            f"{what}: no next-token target in any of its {held.num_samples:,} held-out samples "
+            "(each is 1 token long, or supervises no token after its first): evaluate samples "
+            "of at least 2 tokens, with a supervised token after the first"
+        )
+    return held
 
 
 def rank_eval_batches(cfg: RunConfig, eval_set: EvalSet, *, top: int, rank: int, world_size: int):

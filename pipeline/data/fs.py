@@ -69,9 +69,14 @@ def _examples(rels: list[str], k: int = 3) -> str:
 
 
 def list_shards(
-    fs: pafs.FileSystem, root: str, glob: str | None = None, split: str | None = None
+    fs: pafs.FileSystem,
+    root: str,
+    glob: str | None = None,
+    split: str | None = None,
+    exclude: str | None = None,
 ) -> list[pafs.FileInfo]:
-    """The dataset's shards under `root` (a directory, or one file), sorted by path.
+    """The dataset's shards under `root` (a directory, or one file), sorted by path; `exclude`:
+    a split whose files are not the dataset's (the held-out split beside the training files).
 
     Raises DataError naming the fix when the path is missing, when the shards sit only in
     subfolders and no data.glob says which, or when files of several splits are mixed and no
@@ -96,6 +101,8 @@ def list_shards(
                     f"({_examples(sorted(below))}): subfolders are not read by default; select "
                     "them with data.glob (e.g. data.glob='data/*.parquet' or '**/*.parquet')"
                 )
+    if exclude is not None:
+        found = [(r, f) for r, f in found if split_of(r) != exclude.lower()]
     if split is not None:
         found = [(r, f) for r, f in found if split_of(r) == split.lower()]
         if not found:

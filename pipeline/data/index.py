@@ -88,7 +88,7 @@ def build_length_index(cfg: RunConfig, path: str | None = None) -> LengthIndex:
     rows do. Raises DataError for every user-fixable problem, with the fix."""
     opts = data_options(cfg, path if path is not None else resolve_data_path(cfg))
     fs, root = filesystem_for(opts.path)
-    shards = list_shards(fs, root, glob=opts.glob, split=opts.split)
+    shards = list_shards(fs, root, glob=opts.glob, split=opts.split, exclude=opts.exclude_split)
     if not shards:
         raise DataError(
             f"no shards under {opts.path}: point data.path at a directory of parquet files"

@@ -16,7 +16,7 @@ import ctypes
 import ctypes.util
 import functools
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -54,6 +54,9 @@ class MicroBatch:
     position_ids: torch.Tensor
     num_real_tokens: int
     num_padded_tokens: int
+    # The model's inputs already on the training device (`pipeline.train.prefetch` copies them
+    # ahead of the step); None: the host tensors above are all there is.
+    staged: dict[str, torch.Tensor] | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass

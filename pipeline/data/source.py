@@ -26,6 +26,9 @@ class DataOptions:
     vocab_size: int
     top: int  # the longest length the buckets accept
     truncate: bool  # data.over_length == truncate
+    # eval.split without data.split: the held-out split's files beside the training data are
+    # not training files (jobs.tokenize --heldout writes train-* and validation-* together).
+    exclude_split: str | None = None
 
 
 def top_edge(cfg: RunConfig) -> int:
@@ -46,7 +49,12 @@ def data_options(cfg: RunConfig, path: str) -> DataOptions:
         vocab_size=int(cfg.model.vocab_size),
         top=top_edge(cfg),
         truncate=d.over_length == "truncate",
+        exclude_split=_held_out_split(cfg) if d.split is None and not heldout else None,
     )
+
+
+def _held_out_split(cfg: RunConfig) -> str | None:
+    return cfg.eval.split if cfg.eval is not None else None
 
 
 def resolve_data_path(cfg: RunConfig) -> str:

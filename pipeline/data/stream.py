@@ -12,6 +12,8 @@ epoch's last step. If the feeder dies, its blocks die with it (it owns them): Ra
 the feeder, and the stream asks again for the same part, skips the micro-batches it already
 yielded and goes on, so the sequence is the one an undisturbed stream gives. Every rank asks for
 the same key, so the restarted feeder sorts the chapter once for all of them.
+The trainer runs this stream on a thread of its own, ahead of the step
+(`pipeline.train.prefetch`), so its `ray.get`, padding and pinning overlap the device's work.
 """
 
 from __future__ import annotations

@@ -31,9 +31,11 @@ def empty_batch(device=None) -> dict[str, torch.Tensor]:
     import torch
 
     z = torch.zeros(1, 2, dtype=torch.int64, device=device)
+    mask = z.clone()
+    mask[0, 0] = 1  # filled in place: torch.tensor(..., device=) would wait for its copy
     return {
         "input_ids": z,
-        "attention_mask": torch.tensor([[1, 0]], device=device),
+        "attention_mask": mask,
         "position_ids": z,
         "labels": torch.full_like(z, IGNORE_INDEX),
     }

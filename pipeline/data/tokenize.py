@@ -9,8 +9,12 @@ actor's constructor; nothing is downloaded.
 Ray Data does the work: a dataset of the input files, `map_batches` with an actor pool (one
 file per call), so a cluster tokenizes in parallel and one machine uses its cores. Each input
 file becomes one output shard `shard-<ordinal>.parquet` with `sample_id` (int64) and
-`input_ids` (list<int32>). The sample id is a hash of (file path relative to the input, row),
-so re-tokenizing the same input gives the same ids, whatever else was added to the directory.
+`input_ids` (list<int32>). The sample id is a hash of (the input root, file path relative to
+it, row): re-tokenizing the same input gives the same ids, whatever else was added to the
+directory, and folders tokenized apart never share one (the root is recorded in the output's
+marker as `id_namespace`). With `heldout` (a fraction) whole source files are held out as split
+`validation` beside split `train` (`tokenize_split`): `train-<ordinal>.parquet` and
+`validation-<ordinal>.parquet`, which `eval.split: validation` evaluates.
 
 Empty documents (no text, only whitespace, or no token) and undecodable ones (bad JSON or UTF-8,
 a missing or non-string text field) are not written, and are counted and listed (file, row,
@@ -28,7 +32,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from pathlib import PurePosixPath
 
@@ -46,11 +49,20 @@ from pipeline.data.tokenize_io import (
     resolve_tokenizer,
     skipped_inputs,
 )
+from pipeline.data.tokenize_split import (
+    HELDOUT_SPLIT,
+    TRAIN_SPLIT,
+    Progress,
+    drop_heldout_duplicates,
+    heldout_files_of,
+)
 from pipeline.data.tokenize_text import TokenizeFiles
 
 __all__ = ["MARKER", "TokenizeError", "tokenize_dataset"]
 
 MARKER = "_bucketray_tokenize.json"
+# The files a run writes, removed when it writes into its own output again.
+_OURS = ("shard-", f"{TRAIN_SPLIT}-", f"{HELDOUT_SPLIT}-", MARKER)
 
 
 def _refuse_out_inside_input(src: str, out: str) -> None:
@@ -76,7 +88,7 @@ def _prepare_out(out: str) -> None:
                 f"({PurePosixPath(foreign[0].path).name}, ...): choose an empty --out directory"
             )
         for e in entries:
-            if PurePosixPath(e.path).name.startswith(("shard-", MARKER)) and mine:
+            if PurePosixPath(e.path).name.startswith(_OURS) and mine:
                 fs.delete_file(e.path)
     fs.create_dir(path, recursive=True)
     with fs.open_output_stream(f"{path}/{MARKER}") as f:  # ours, not complete until the summary
@@ -116,11 +128,12 @@ def tokenize_dataset(
     png: str | None = None,
     progress: bool = True,
     messages_column: str | None = None,
+    heldout: float = 0.0,
 ) -> dict:
     """Tokenize every input file under `src` into shards under `out`; returns the summary.
     `messages_column`: the documents are conversations in that column, rendered by the
-    tokenizer folder's chat template, with a loss mask over the assistant's turns."""
-    import ray
+    tokenizer folder's chat template, with a loss mask over the assistant's turns. `heldout`:
+    hold out this fraction of the source files as split `validation` (module docstring)."""
 
     t0 = time.perf_counter()
     try:
@@ -151,52 +164,98 @@ def tokenize_dataset(
     skipped = skipped_inputs(fs, root)
     if not files:
         raise TokenizeError(f"no {'/'.join(SUFFIXES)} files under {src} (skipped: {skipped[:5]})")
+    held = heldout_files_of(files, heldout) if heldout else set()
     _prepare_out(out)
-    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    ds = ray.data.from_items([{"ordinal": i, "rel": r} for i, r in enumerate(files)])
-    ds = ds.map_batches(
-        TokenizeFiles if messages_column is None else TokenizeConversations,
-        fn_constructor_kwargs=dict(
-            tokenizer=str(tokenizer),
-            src=src,
-            out=out,
-            column=text_column if messages_column is None else messages_column,
-            special=add_special_tokens,
-        ),
-        batch_size=1,
-        batch_format="pyarrow",
-        concurrency=(1, min(cpus, len(files))),
-        num_cpus=1,
-    )
-    rows, n, tokens = [], 0, 0
+    quiet_ray_data()
+    split = (lambda r: HELDOUT_SPLIT if r in held else TRAIN_SPLIT) if heldout else None
+    items = [
+        {"ordinal": i, "rel": r, "prefix": split(r) if split else "shard"}
+        for i, r in enumerate(files)
+    ]
+    actor = TokenizeFiles if messages_column is None else TokenizeConversations
+    column = text_column if messages_column is None else messages_column
+    kwargs = dict(tokenizer=str(tokenizer), src=src, out=out, column=column)
+    ds = _file_pass(items, actor, {**kwargs, "special": add_special_tokens})
+    rows, shown = [], Progress(len(files)) if progress else None
     for r in ds.iter_rows():
-        rows.append(r)
-        n, tokens = n + len(r["lengths"]), tokens + int(np.sum(r["lengths"]))
-        if progress:
-            dt = time.perf_counter() - t0
-            print(
-                f"\rtokenize: {len(rows)}/{len(files)} files  {n:,} samples  {tokens:,} tokens  "
-                f"{tokens / max(dt, 1e-9) / 1e3:,.0f} Ktok/s",
-                end="" if len(rows) < len(files) else "\n",
-                file=sys.stderr,
-                flush=True,
-            )
+        rows.append(dict(r))
+        if shown is not None:
+            shown.update(len(r["lengths"]), int(np.sum(r["lengths"])))
     errors = sorted(r["error"] for r in rows if r["error"])
     if errors:
         more = f" (and {len(errors) - 1} more files)" if len(errors) > 1 else ""
         raise TokenizeError(errors[0] + more)
+    split_info = _split_summary(out, rows, held) if heldout else {}
     summary, lengths = _summary(rows, len(files), time.perf_counter() - t0)
     summary["skipped"] = skipped
+    summary.update(split_info)
     if summary["samples"] == 0:
         raise TokenizeError(f"no document under {src} produced a token (see {summary['problems']})")
     ofs, opath = filesystem_for(out)
     with ofs.open_output_stream(f"{opath}/{MARKER}") as f:
         meta = {**summary, "complete": True, "vocab_size": vocab, "tokenizer": str(tokenizer)}
         meta["input"] = src
+        meta["id_namespace"] = src  # sample ids hash (this, file path under it, row)
         f.write(json.dumps(meta).encode())
     if png:
         _histogram(lengths, png)
     return {**summary, "vocab_size": vocab, "out": out}
+
+
+def _file_pass(items: list[dict], actor: type, kwargs: dict):
+    """The Ray Data pass: one input file per call of a pool of `actor`s, one CPU each."""
+    import warnings
+
+    import ray
+
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    with warnings.catch_warnings():
+        # max_restarts has no named parameter: Ray Data's own docs pass it this way.
+        warnings.filterwarnings("ignore", message=".*ray_remote_args.*is deprecated")
+        return ray.data.from_items(items).map_batches(
+            actor,
+            fn_constructor_kwargs=kwargs,
+            batch_size=1,
+            batch_format="pyarrow",
+            compute=ray.data.ActorPoolStrategy(min_size=1, max_size=min(cpus, len(items))),
+            num_cpus=1,
+            # No restarts: Ray's core worker logs an error line for every restartable actor
+            # whose constructor arguments sit in the object store. A lost actor ends the job;
+            # run it again into the same --out.
+            max_restarts=0,
+        )
+
+
+def quiet_ray_data() -> None:
+    """Ray Data's progress and execution logging off: the job prints its own progress lines."""
+    import logging
+
+    import ray.data
+
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    ctx.print_on_execution_start = False
+    ctx.enable_auto_log_stats = False
+    logging.getLogger("ray.data").setLevel(logging.ERROR)
+
+
+def _split_summary(out: str, rows: list[dict], held: set[str]) -> dict:
+    """The held-out split's counts (held-out documents with a training document's exact tokens
+    dropped first: every run would refuse them as a leak)."""
+    dropped = drop_heldout_duplicates(out, rows, held)
+    n_held = sum(len(r["lengths"]) for r in rows if r["file"] in held)
+    n_train = sum(len(r["lengths"]) for r in rows if r["file"] not in held)
+    if not n_held or not n_train:
+        raise TokenizeError(
+            f"--heldout leaves {n_train} training and {n_held} held-out documents (held-out "
+            f"files: {sorted(held)[:5]}): choose a fraction, or files, that leave both non-empty"
+        )
+    return {
+        "train_samples": n_train,
+        "heldout_samples": n_held,
+        "heldout_files": sorted(held),
+        "heldout_duplicates_dropped": dropped,
+    }
 
 
 def _histogram(lengths: np.ndarray, path: str) -> None:

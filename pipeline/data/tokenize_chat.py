@@ -8,7 +8,6 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.data.corpus import token_table
-from pipeline.data.textcorpus import stable_id
 from pipeline.data.tokenize_io import (
     TokenizeError,
     column_values,
@@ -19,6 +18,7 @@ from pipeline.data.tokenize_io import (
     unusable,
     write_shard,
 )
+from pipeline.data.tokenize_split import token_hash
 from pipeline.data.tokenize_text import TokenizeFiles
 
 __all__ = [
@@ -121,7 +121,7 @@ class TokenizeConversations(TokenizeFiles):
         super().__init__(tj, src, out, column, special)
         self.chat = load_chat_tokenizer(folder)
 
-    def _one(self, ordinal: int, rel: str) -> dict:
+    def _one(self, ordinal: int, rel: str, prefix: str = "shard") -> dict:
         try:
             rows, convs, problems = conversations(read_input(self.src, rel), rel, self.column)
         except TokenizeError as e:
@@ -142,10 +142,10 @@ class TokenizeConversations(TokenizeFiles):
         lengths = np.fromiter((a.size for a in ids), dtype=np.int64, count=len(ids))
         if ids:
             offsets = np.concatenate([[0], np.cumsum(lengths)])
-            sids = np.array([stable_id(rel, r) for r in kept_rows], dtype=np.int64)
+            sids = np.array([self.sample_id(rel, r) for r in kept_rows], dtype=np.int64)
             table = token_table(sids, np.concatenate(ids), offsets)
             mask = pa.ListArray.from_arrays(
                 pa.array(offsets.astype(np.int32)), pa.array(np.concatenate(masks))
             )
-            write_shard(self.out, ordinal, table.append_column("loss_mask", mask))
-        return file_result(rel, lengths.tolist(), problems)
+            write_shard(self.out, ordinal, table.append_column("loss_mask", mask), prefix)
+        return file_result(rel, lengths.tolist(), problems, [token_hash(i) for i in ids])

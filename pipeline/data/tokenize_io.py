@@ -163,21 +163,26 @@ def unusable(row: int, value, column: str, what: str) -> tuple | None:
     return None
 
 
-def write_shard(out: str, ordinal: int, table: pa.Table) -> None:
-    """Input file number `ordinal`'s shard, `shard-<ordinal>.parquet` under `out`."""
+def write_shard(out: str, ordinal: int, table: pa.Table, prefix: str = "shard") -> None:
+    """Input file number `ordinal`'s shard, `<prefix>-<ordinal>.parquet` under `out` (`shard`,
+    or with --heldout its split: `train` or `validation`)."""
     ofs, root = filesystem_for(out)
-    with ofs.open_output_stream(f"{root}/shard-{ordinal:05d}.parquet") as f:
+    with ofs.open_output_stream(f"{root}/{prefix}-{ordinal:05d}.parquet") as f:
         # bounded row groups: a large file is still read by several tasks
         pq.write_table(table, f, row_group_size=ROW_GROUP_ROWS)
 
 
-def file_result(rel: str, lengths: list[int], problems: list[tuple]) -> dict:
-    """One input file's row of the job's result: its samples' lengths and its problems
-    (counted by kind, the first MAX_EXAMPLES listed)."""
+def file_result(
+    rel: str, lengths: list[int], problems: list[tuple], hashes: list[int] | None = None
+) -> dict:
+    """One input file's row of the job's result: its samples' lengths, their token hashes (to
+    find held-out duplicates of training documents) and its problems (counted by kind, the
+    first MAX_EXAMPLES listed)."""
     problems = sorted(problems)
     return {
         "file": rel,
         "lengths": lengths,
+        "hashes": list(hashes or []),
         "empty": sum(p[1] == "empty" for p in problems),
         "undecodable": sum(p[1] == "undecodable" for p in problems),
         "problems": json.dumps([[rel, *p] for p in problems[:MAX_EXAMPLES]]),
@@ -187,4 +192,5 @@ def file_result(rel: str, lengths: list[int], problems: list[tuple]) -> dict:
 
 def error_result(rel: str, error: TokenizeError) -> dict:
     """An input file refused as a whole: the driver reports it in one line."""
-    return {"file": rel, "lengths": [], "empty": 0, "undecodable": 0, "error": str(error)}
+    return {"file": rel, "lengths": [], "hashes": [], "empty": 0, "undecodable": 0,
+            "error": str(error)}  # fmt: skip

@@ -18,6 +18,7 @@ from pipeline.data.tokenize_io import (
     unusable,
     write_shard,
 )
+from pipeline.data.tokenize_split import token_hash
 
 __all__ = ["TokenizeFiles", "text_documents"]
 
@@ -58,11 +59,17 @@ class TokenizeFiles:
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         ordinals, rels = batch["ordinal"].to_pylist(), batch["rel"].to_pylist()
-        results = [self._one(i, rel) for i, rel in zip(ordinals, rels, strict=True)]
+        prefixes = batch["prefix"].to_pylist()
+        results = [
+            self._one(i, rel, prefix)
+            for i, rel, prefix in zip(ordinals, rels, prefixes, strict=True)
+        ]
         return pa.table(
             {
+                "ordinal": pa.array(ordinals, pa.int64()),
                 "file": [r["file"] for r in results],
                 "lengths": pa.array([r["lengths"] for r in results], pa.list_(pa.int64())),
+                "hashes": pa.array([r["hashes"] for r in results], pa.list_(pa.int64())),
                 "empty": pa.array([r["empty"] for r in results], pa.int64()),
                 "undecodable": pa.array([r["undecodable"] for r in results], pa.int64()),
                 "problems": [r.get("problems", "[]") for r in results],
@@ -70,7 +77,13 @@ class TokenizeFiles:
             }
         )
 
-    def _one(self, ordinal: int, rel: str) -> dict:
+    def sample_id(self, rel: str, row: int) -> int:
+        """A document's id: its input root (the absolute path or URI tokenized), its path under
+        it and its row, so re-tokenizing the same input gives the same ids, and two folders
+        tokenized apart (a held-out `lines.jsonl` beside a training one) never share one."""
+        return stable_id(self.src, rel, row)
+
+    def _one(self, ordinal: int, rel: str, prefix: str = "shard") -> dict:
         try:
             rows, texts, problems = text_documents(read_input(self.src, rel), rel, self.column)
         except TokenizeError as e:  # a user mistake: reported by the driver in one line
@@ -83,6 +96,7 @@ class TokenizeFiles:
         if keep.size:
             offsets = np.concatenate([[0], np.cumsum(lengths[keep])])
             values = np.concatenate([ids[i] for i in keep])
-            sids = np.array([stable_id(rel, rows[i]) for i in keep], dtype=np.int64)
-            write_shard(self.out, ordinal, token_table(sids, values, offsets))
-        return file_result(rel, lengths[keep].tolist(), problems)
+            sids = np.array([self.sample_id(rel, rows[i]) for i in keep], dtype=np.int64)
+            write_shard(self.out, ordinal, token_table(sids, values, offsets), prefix)
+        hashes = [token_hash(ids[i]) for i in keep]
+        return file_result(rel, lengths[keep].tolist(), problems, hashes)

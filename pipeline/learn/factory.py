@@ -23,7 +23,9 @@ with three int64 tensors [B, L] as the collate writes them: token ids (padding o
 1 for real tokens and 0 for padding, and positions 0..n-1 within each sample (0 on padding).
 In packed mode (several samples per row, pipeline.core.packed_collate) the mask holds each
 token's document number (1, 2, ...; 0 on padding) and positions restart per document: a model
-must then attend within documents only, and says it does with `supports_packed = True`. It
+must then attend within documents only, and says it does with `supports_packed = True`; the
+training step may have described the documents on the host and hung them on the mask, which a
+model reads with `pipeline.learn.packed_attention.packed_documents(attention_mask)`. It
 returns float logits [B, L, vocab_size] (or an object with a `.logits` attribute, as Hugging
 Face models do; the adapter below unwraps it). The model computes no loss: the training loop
 applies bucketray's token-normalised loss (pipeline.learn.loss) to the logits, so the loss of a
@@ -40,6 +42,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from pipeline.core.config import ModelConfig
@@ -50,7 +53,7 @@ from pipeline.learn.hf_packed import (
     packed_windows,
 )
 from pipeline.learn.model import MODELS
-from pipeline.learn.packed_attention import hf_packed_mask, is_packed
+from pipeline.learn.packed_attention import is_packed, packed_documents
 
 __all__ = [
     "HF_CAUSAL_LM",
@@ -66,40 +69,88 @@ HF_CAUSAL_LM = "hf_causal_lm"
 
 class HFCausalLM(nn.Module):
     """A `transformers` causal LM behind the forward signature above; `.hf` is the HF model.
-    Packed batches get per-document positions and a block-diagonal causal mask, with the
-    model's sliding windows applied per document (pipeline.learn.packed_attention.hf_packed_mask);
-    a model whose attention such a mask cannot confine is refused (`packed_problem`)."""
+    Padded batches run causal SDPA with no mask where the model is configured with SDPA and
+    nothing else (padding is on the right, so no real query sees a padded key), else the
+    implementation the model is configured with, given the padding mask. Packed
+    batches run bucketray's per-document attention (pipeline.learn.hf_attention: the documents
+    handed to every attention layer, no mask built, sliding windows applied per document), for
+    every configured implementation; a model that attention cannot confine to documents is
+    refused (`packed_problem`)."""
 
     supports_packed = True
 
     def __init__(self, hf_model: nn.Module, source: str = "model.hf_config"):
         super().__init__()
+        from pipeline.learn.hf_attention import causal_usable, register
+
+        register()
         self.hf = hf_model
+        self.causal = causal_usable(hf_model.config)  # padded batches: causal SDPA, no mask
         self.source = source  # the setting it was built from, for the lines that name it
         self.windows = packed_windows(hf_model.config)  # sliding windows, per document
 
     def forward(self, input_ids, attention_mask, position_ids):
-        if is_packed(attention_mask):
-            impl = getattr(self.hf.config, "_attn_implementation", None)
-            attention_mask = hf_packed_mask(attention_mask, impl, self.hf.dtype, self.windows)
-        out = self.hf(
+        if not is_packed(attention_mask):
+            return self._padded(input_ids, attention_mask, position_ids)
+        from pipeline.learn.hf_attention import DOCUMENTS_KWARG, per_document_attention
+
+        if torch.is_grad_enabled() and _checkpointing(self.hf):
+            raise ValueError(_CHECKPOINTING)
+        docs = packed_documents(attention_mask)
+        with per_document_attention(self.hf):
+            # The document numbers stand in for a 2D padding mask: transformers then looks for
+            # no packed sequences in position_ids (a device sync), and the mask function of
+            # bucketray's attention builds no mask from them.
+            out = self._hf(input_ids, attention_mask, position_ids, **{DOCUMENTS_KWARG: docs})
+        return out.logits
+
+    def _padded(self, input_ids, attention_mask, position_ids):
+        """A padded batch: with SDPA (the default), causal SDPA without a mask
+        (pipeline.learn.hf_attention.CAUSAL_NAME: exact, padding being on the right, with no
+        [B, 1, L, L] mask and no host-device synchronisation); any other implementation as
+        configured, with the padding mask."""
+        from pipeline.learn.hf_attention import CAUSAL_NAME, attention_implementation
+
+        if not self.causal:
+            return self._hf(input_ids, attention_mask, position_ids).logits
+        with attention_implementation(self.hf, CAUSAL_NAME):
+            return self._hf(input_ids, attention_mask, position_ids).logits
+
+    def _hf(self, input_ids, attention_mask, position_ids, **kwargs):
+        return self.hf(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
             use_cache=False,
+            **kwargs,
         )
-        return out.logits
 
     def packed_problem(self) -> str | None:
         """Why packed rows would not compute each document alone with this model (its config,
-        then one packed forward against the documents alone); None when they do."""
+        then one packed forward against each document alone with eager attention, the
+        reference every implementation matches); None when they do."""
+        from pipeline.learn.hf_attention import attention_implementation
+
         why = packed_attention_problem(self.hf.config)
-        impl = getattr(self.hf.config, "_attn_implementation", None) or ""
-        if why is None and "flash" not in impl:  # flash: no mask, documents from position_ids
+        if why is None and _checkpointing(self.hf):
+            why = _CHECKPOINTING.removeprefix("batching.mode=packed: ")
+        if why is None:
             w = self.windows
             window = w.get("sliding_attention") if isinstance(w, dict) else w
-            why = packed_self_check(self, self.hf.config.vocab_size, window)
+            with attention_implementation(self.hf, "eager"):
+                why = packed_self_check(self, self.hf.config.vocab_size, window)
         return None if why is None else packed_refusal(self.source, why)
+
+
+def _checkpointing(hf: nn.Module) -> bool:
+    """Whether any layer of `hf` recomputes its activations in the backward pass."""
+    return any(getattr(m, "gradient_checkpointing", False) is True for m in hf.modules())
+
+
+_CHECKPOINTING = (
+    "batching.mode=packed: gradient checkpointing recomputes attention in the backward pass "
+    "outside bucketray's per-document attention"
+)
 
 
 def hf_config_dict(spec: str | dict | None) -> dict:

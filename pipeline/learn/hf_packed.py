@@ -1,21 +1,26 @@
-"""Which Hugging Face models packed rows can train, and the windows their masks must carry.
+"""Which Hugging Face models packed rows can train, and the windows their documents keep.
 
-A packed row hands the model one 4D mask that transformers uses as given, in place of the masks
-it would build from the config. That is exact for causal attention within documents, and for a
-sliding window once the window is put into the mask per document (`packed_windows`: one window
-for every layer, as Mistral's `sliding_window`, or one per layer type, as `layer_types` says for
-Gemma 2, Qwen 2 with `use_sliding_window`, ...). It is wrong for attention a mask does not
-describe: ALiBi biases (BLOOM, MPT, Falcon with `alibi`) run on the row's positions, chunked
-attention (`attention_chunk_size`), GPT-Neo's local layers and every recurrent or linear layer
-(Mamba, RWKV, hybrids) carry state from one document into the next. `packed_attention_problem`
-names those from the config, on the driver before any worker starts and again in the worker;
-`packed_self_check` then runs the built model once on two documents packed in one row and alone,
-so an architecture this list does not know is refused rather than trained on leaking rows.
+A packed row's documents reach every attention layer through bucketray's attention function
+(pipeline/learn/hf_attention.py), which attends causally within each document, applying the
+model's sliding window per document: one window for every layer, as Mistral's `sliding_window`,
+or one per layer type, as `layer_types` says for Gemma 2, Qwen 2 with `use_sliding_window`, ...
+(`packed_windows`, which sizes the self-check's documents). That is wrong for attention the
+documents alone do not describe: ALiBi biases (BLOOM, MPT, Falcon with `alibi`) run on the
+row's positions, chunked attention (`attention_chunk_size`), GPT-Neo's local layers and every
+recurrent or linear layer (Mamba, RWKV, hybrids) carry state from one document into the next,
+and soft-capped scores (`attn_logit_softcapping`) or attention sinks (gpt-oss) are not computed
+by the per-document kernels. `packed_attention_problem` names those from the config, on the
+driver before any worker starts and again in the worker; `packed_self_check` then runs the built
+model once on two documents packed in one row and alone, so an architecture this list does not
+know (or whose attention is not handed the documents) is refused rather than trained on leaking
+rows.
 """
 
 from __future__ import annotations
 
 import torch
+
+from pipeline.learn.hf_attention import PackedAttentionError
 
 __all__ = [
     "PACKED_LAYER_TYPES",
@@ -25,10 +30,12 @@ __all__ = [
     "packed_windows",
 ]
 
-# Layer types (a config's `layer_types`) whose attention a per-document mask describes exactly.
+# Layer types (a config's `layer_types`) whose attention per-document attention computes exactly.
 PACKED_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
 # Models whose every layer adds ALiBi biases (no config flag says so).
 _ALIBI_MODEL_TYPES = frozenset({"bloom"})
+# Models whose attention adds learned sinks (`s_aux`) to every softmax.
+_SINK_MODEL_TYPES = frozenset({"gpt_oss"})
 # Recurrent models without `layer_types` (those with it say "linear_attention" and the like).
 _RECURRENT_MODEL_TYPES = frozenset({"rwkv", "xlstm", "recurrent_gemma", "mamba", "mamba2"})
 # Largest logit difference (relative to the largest logit) the self-check accepts between a
@@ -55,7 +62,7 @@ def packed_refusal(key: str, why: str) -> str:
 
 def packed_attention_problem(conf) -> str | None:
     """Why packed rows would compute something else than each document alone for the model
-    this `transformers` config describes; None when a per-document mask makes them exact."""
+    this `transformers` config describes; None when per-document attention makes them exact."""
     model_type = getattr(conf, "model_type", "?")
     if model_type in _ALIBI_MODEL_TYPES or _flag(conf, "alibi") or _flag(conf, "use_alibi"):
         return f"model_type={model_type} adds ALiBi position biases, which run over the whole row"
@@ -69,6 +76,15 @@ def packed_attention_problem(conf) -> str | None:
         return f"model_type={model_type} is recurrent: its state carries from one document on"
     if getattr(conf, "attention_chunk_size", None):
         return f"attention_chunk_size={conf.attention_chunk_size} chunks the row, not documents"
+    if getattr(conf, "attn_logit_softcapping", None) is not None:
+        return (
+            f"attn_logit_softcapping={conf.attn_logit_softcapping} soft-caps attention scores, "
+            "which the per-document kernels do not"
+        )
+    if model_type in _SINK_MODEL_TYPES:
+        return (
+            f"model_type={model_type} adds attention sinks, which the per-document kernels do not"
+        )
     local = [t for t in getattr(conf, "attention_layers", None) or () if t == "local"]
     if local:
         return f"attention_layers has {len(local)} 'local' layers (window_size), not supported"
@@ -76,7 +92,7 @@ def packed_attention_problem(conf) -> str | None:
 
 
 def packed_windows(conf) -> int | dict[str, int | None] | None:
-    """The sliding windows a packed row's mask must carry, per document: None (none), one
+    """The sliding windows a packed row's documents keep: None (none), one
     window every layer applies (no `layer_types`: transformers then windows every layer when
     `sliding_window` is set), or {layer type: window or None} when the layers differ."""
     window = getattr(conf, "sliding_window", None)
@@ -106,6 +122,8 @@ def packed_self_check(model, vocab_size: int, window: int | None) -> str | None:
             packed = model(ids, doc, pos)[0, first:]
             alone_ids = ids[:, first:]
             alone = model(alone_ids, torch.ones_like(alone_ids), pos[:, first:])[0]
+    except PackedAttentionError as e:  # what bucketray's attention cannot compute, in one line
+        return str(e)
     except Exception as e:  # noqa: BLE001 - any failure of the packed forward refuses the model
         return f"its forward pass fails on a packed row ({type(e).__name__}: {e})"
     finally:

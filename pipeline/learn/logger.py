@@ -33,7 +33,25 @@ __all__ = [
     "run_id_for",
     "wandb_mode",
     "make_logger",
+    "REAL_TOKENS",
+    "ELAPSED_S",
+    "define_axes",
 ]
+
+# Logged with every training and held-out point: runs of different batch sizes take different
+# numbers of steps for the same tokens, so they are compared at equal real tokens (or training
+# time), never at equal steps.
+REAL_TOKENS = "progress/real_tokens"  # real (unpadded) tokens trained so far, all ranks
+ELAPSED_S = "progress/elapsed_s"  # seconds of training steps so far (evaluations excluded)
+
+
+def define_axes(run: Any) -> None:
+    """Declare the x axes of a W&B run: real tokens (the default of the `train/*` and `eval/*`
+    series) and elapsed training time (selectable beside it), each its own step metric."""
+    run.define_metric(REAL_TOKENS)
+    run.define_metric(ELAPSED_S)
+    for series in ("train/*", "eval/*", "data/*", "perf/*"):
+        run.define_metric(series, step_metric=REAL_TOKENS)
 
 
 class MetricLogger(Protocol):
@@ -129,6 +147,7 @@ class WandbLogger:
             wandb.teardown()  # the W&B service still holds the failed run's id
             self._run = wandb.init(mode="offline", **kw)
         self.mode = "offline" if self._run.settings._offline else mode
+        define_axes(self._run)
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         self._run.log(metrics, step=step)

@@ -5,9 +5,12 @@ returns the *sum* of its token losses; the loop divides by the number of supervi
 whole global step (all ranks, all accumulated micro-batches), so a small remainder batch weighs
 what its tokens weigh, not what a full batch weighs.
 
-Memory: the cross-entropy runs in chunks of `LOSS_CHUNK_TOKENS` positions, each upcast to fp32
-inside an activation checkpoint, so at most one chunk's fp32 logits exist at a time (forward or
-backward) instead of a [tokens, vocab] fp32 copy of the whole micro-batch.
+Memory: the cross-entropy runs in chunks of `LOSS_CHUNK_TOKENS` positions, each upcast to fp32,
+so at most one chunk's fp32 logits exist at a time (forward or backward) instead of a [tokens,
+vocab] fp32 copy of the whole micro-batch. Nothing is kept from the forward; the backward
+recomputes each chunk's fp32 cross-entropy and writes its gradient into one [tokens, vocab]
+gradient in the logits' dtype (`_ChunkedCrossEntropy`): sliced autograd would zero-fill a
+full-size gradient per chunk and add them up.
 
 A non-finite loss or gradient norm never reaches the weights: `NonFiniteGuard` skips the update
 and stops the run with `NonFiniteLossError` after `train.max_nonfinite_steps` such steps in a row.
@@ -21,7 +24,6 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from pipeline.core.collate import IGNORE_INDEX
 
@@ -55,6 +57,36 @@ def _chunk_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float(), target, ignore_index=IGNORE_INDEX, reduction="sum")
 
 
+class _ChunkedCrossEntropy(torch.autograd.Function):
+    """Sum of the fp32 cross-entropy of `flat` [N, V] against `target` [N], `chunk` rows at a
+    time. The backward runs each chunk's cross-entropy backward again (the same kernels as the
+    unchunked loss, so the same gradient per row) and copies it into its rows of a single
+    gradient: one [N, V] allocation, never one per chunk."""
+
+    @staticmethod
+    def forward(ctx, flat: torch.Tensor, target: torch.Tensor, chunk: int) -> torch.Tensor:
+        ctx.save_for_backward(flat, target)
+        ctx.chunk = chunk
+        total = torch.zeros((), dtype=torch.float32, device=flat.device)
+        for i in range(0, flat.shape[0], chunk):
+            total += _chunk_loss(flat[i : i + chunk], target[i : i + chunk])
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        flat, target = ctx.saved_tensors
+        grad = torch.empty_like(flat)
+        for i in range(0, flat.shape[0], ctx.chunk):
+            x = flat[i : i + ctx.chunk].detach().requires_grad_()
+            with torch.enable_grad():
+                loss = _chunk_loss(x, target[i : i + ctx.chunk])
+            # The upcast's backward casts the fp32 gradient to the logits' dtype, as unchunked.
+            (g,) = torch.autograd.grad(loss, x, grad_out)
+            grad[i : i + ctx.chunk].copy_(g)
+            del g, loss, x
+        return grad, None, None
+
+
 def token_sums(
     logits: torch.Tensor, labels: torch.Tensor, *, chunk_tokens: int = LOSS_CHUNK_TOKENS
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -64,7 +96,7 @@ def token_sums(
 
     The targets are the labels shifted left with IGNORE_INDEX in the last column, so the logits
     are used as one [B*L, V] view (no copy). Above `chunk_tokens` positions, each chunk's fp32
-    cross-entropy is recomputed in backward rather than kept."""
+    cross-entropy is recomputed in backward rather than kept (`_ChunkedCrossEntropy`)."""
     V = logits.shape[-1]
     target = torch.full_like(labels, IGNORE_INDEX)
     target[:, :-1] = labels[:, 1:]
@@ -73,16 +105,7 @@ def token_sums(
     if n <= chunk_tokens:
         loss_sum = _chunk_loss(flat, flat_t)
     else:
-        parts = [
-            checkpoint(
-                _chunk_loss,
-                flat[i : i + chunk_tokens],
-                flat_t[i : i + chunk_tokens],
-                use_reentrant=False,
-            )
-            for i in range(0, n, chunk_tokens)
-        ]
-        loss_sum = torch.stack(parts).sum()
+        loss_sum = _ChunkedCrossEntropy.apply(flat, flat_t, chunk_tokens)
     with torch.no_grad():
         # bf16 -> fp32 is exact, so the argmax of the low-precision logits is the same.
         correct = ((flat.argmax(-1) == flat_t) & (flat_t != IGNORE_INDEX)).sum()

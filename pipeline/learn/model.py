@@ -13,7 +13,9 @@ outputs are finite and never reach the loss (their labels are IGNORE_INDEX).
 Packed rows (several documents per row, `attention_mask` holding document numbers) attend within
 each document instead (pipeline.learn.packed_attention: flash varlen on CUDA; elsewhere causal
 SDPA over the documents gathered into length groups, no [T, T] mask); positions restart
-per document, so each document computes what it would alone.
+per document, so each document computes what it would alone. The documents come from
+`packed_documents(attention_mask)`: those the step described on the host and attached to the
+mask, else the mask itself (one device sync).
 """
 
 from __future__ import annotations
@@ -25,7 +27,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.core.config import ModelConfig
-from pipeline.learn.packed_attention import Documents, document_attention_qkv, is_packed
+from pipeline.learn.packed_attention import (
+    Documents,
+    document_attention_qkv,
+    is_packed,
+    packed_documents,
+)
 
 __all__ = ["MODELS", "TinyDecoder", "count_parameters"]
 
@@ -82,8 +89,8 @@ class TinyDecoder(nn.Module):
         # A padded batch's mask is not needed: padding is on the right, so causal attention
         # already keeps every real query away from padded keys (module docstring). A packed
         # batch's mask numbers the documents each token may attend within, described once for
-        # all layers.
-        docs = Documents(attention_mask) if is_packed(attention_mask) else None
+        # all layers (on the host, when the step attached them: packed_attention).
+        docs = packed_documents(attention_mask) if is_packed(attention_mask) else None
         x = self.drop(self.tok(input_ids) + self.pos(position_ids))
         for block in self.blocks:
             x = block(x, docs)

@@ -3,60 +3,63 @@
 A packed row's `attention_mask` holds each token's document number (1, 2, ...; 0 = padding;
 pipeline.core.packed_collate), and its `position_ids` restart with every document. A token
 attends to the earlier tokens of its own document only, so a packed row computes exactly what
-its documents would compute one by one (tested in tests/unit/test_packed_attention.py).
+its documents would compute one by one (tests/unit/test_packed_attention.py).
 
-Kernels, chosen per call:
+A model describes a batch's documents once per forward (`Documents`; every layer reuses it).
+Finding where documents start reads the document numbers on the host: the training step does
+it from the collated CPU copy before the forward, `attach_documents(device_mask, cpu_mask)`,
+which hangs the `Documents` on the device mask as its `.documents` attribute; a model's forward
+takes them with `packed_documents(attention_mask)` (the model's call signature is unchanged) and
+then reads nothing back from the device. Without them (tests, your own loop) `packed_documents`
+describes the mask itself, at the price of one device-to-host copy per forward.
+
+Kernels, chosen per call (`document_attention`: q [B, H, T, D], k and v with H or fewer heads,
+an optional `scale` and sliding `window` of keys within the document):
 - CUDA, fp16/bf16, no attention dropout: `torch.nn.attention.varlen.varlen_attn` (flash
-  attention over the row's documents as variable-length sequences; cu_seqlens from the
-  document numbers). Work is the sum of the documents' causal squares, not the row's.
+  attention over the row's documents as variable-length sequences). Work is the sum of the
+  documents' causal squares, not the row's.
 - Otherwise (CPU, fp32, dropout): the documents of the batch are sorted by length and cut into
   groups (`length_groups`), each group padded at the end of every document to its longest and run
-  through SDPA with `is_causal=True`, then scattered back. A pad only follows its document's real
-  tokens, so causality alone keeps every real query away from it: no [T, T] mask is built, and
-  the work is the sum of the documents' causal squares plus the groups' filler instead of the
-  row's whole square. Where to cut is exact dynamic programming over the batch's distinct
-  lengths under a declared cost (query-key pairs, slots, calls: `COST_PER_SLOT`,
-  `COST_PER_CALL`), so the filler stays a few per cent of the work at a few dozen calls. q, k and
-  v move into the groups' slots in one gather and the outputs back in another. On CPU without
-  dropout the whole path is one autograd node (`_GroupedFlashCPU`: torch's CPU flash kernel and
-  its backward per group, each group's gradients copied once into one buffer); elsewhere
-  autograd's graph of the same calls runs, with gathers both ways in the backward pass too
-  (`_Take`). The only Python loops are over the groups and the distinct lengths. A model
-  describes a batch's documents once per forward (`Documents`) and every layer reuses it.
+  through SDPA with `is_causal=True` (a window: an [L, L] band per group), then scattered back.
+  A pad only follows its document's real tokens, so causality alone keeps every real query away
+  from it: no [T, T] mask is built. Where to cut is exact dynamic programming over the batch's
+  distinct lengths under a declared cost (query-key pairs, slots, calls: `COST_PER_SLOT`,
+  `COST_PER_CALL`). q, k and v move into the groups' slots in one gather and the outputs back in
+  another. On CPU without dropout the whole path is one autograd node (`_GroupedFlashCPU`:
+  torch's CPU flash kernel and its backward per group); elsewhere autograd's graph of the same
+  calls runs, with gathers both ways in the backward pass too (`_Take`).
 - `block_causal_mask`: the same attention as one SDPA call with a block-diagonal causal boolean
-  mask [B, 1, T, T]. It computes (and stores) the row's whole square, so it is the reference the
-  grouped path is tested against, and what Hugging Face models get (below).
-- Hugging Face models: per-document `position_ids` and the same block-diagonal mask as a 4D mask
-  (a 4D mask is used as given), boolean for SDPA, additive for eager attention; a model's
-  sliding window is applied within each document (one mask per layer type where its layers
-  differ), and attention a mask cannot confine (ALiBi, chunked, recurrent layers) is refused
-  (pipeline/learn/hf_packed.py). SDPA ignores a
-  restart of `position_ids`, so without the mask every document would attend to the ones before
-  it in its row. Flash-attention implementations get no mask and derive the documents from the
-  restarting `position_ids`, as Hugging Face's own flattening collator expects.
-The padding tail is one more "document" attending to itself: its outputs are finite and its
-labels are IGNORE_INDEX, so it never reaches the loss.
+  mask [B, 1, T, T]; the reference the other paths are tested against, never used to train.
+Hugging Face models reach these kernels through an attention function registered with
+transformers (pipeline/learn/hf_attention.py), whatever attention implementation they are
+configured with. The padding tail is one more "document" attending to itself: its outputs are
+finite and its labels are IGNORE_INDEX, so it never reaches the loss.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import inspect
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from pipeline.learn.length_groups import LengthGroups, groups_from_starts, to_device
+
 __all__ = [
+    "attach_documents",
     "block_causal_mask",
     "cu_seqlens",
     "Documents",
     "document_attention",
     "document_attention_qkv",
-    "hf_packed_mask",
+    "document_starts",
+    "documents_on_host",
     "grouped_document_attention",
     "is_packed",
     "LengthGroups",
     "length_groups",
+    "packed_documents",
     "require_packed_support",
     "varlen_usable",
 ]
@@ -79,70 +82,31 @@ def block_causal_mask(doc: torch.Tensor, window: int | None = None) -> torch.Ten
     return ((doc[:, :, None] == doc[:, None, :]) & causal)[:, None]
 
 
-def _document_starts(doc: torch.Tensor) -> torch.Tensor:
-    """Where each document of the flattened [B * T] batch starts (padding tails included)."""
+def document_starts(doc: np.ndarray) -> np.ndarray:
+    """Where each document of the flattened [B * T] batch starts (padding tails included), from
+    a host copy of the [B, T] document numbers."""
     T = doc.shape[-1]
     flat = doc.reshape(-1)
-    start = torch.ones_like(flat, dtype=torch.bool)
+    start = np.ones(flat.size, dtype=bool)
     start[1:] = flat[1:] != flat[:-1]
     start[::T] = True  # a row never continues the previous row's document
-    return torch.nonzero(start).flatten()
+    return np.flatnonzero(start)
+
+
+def _host_starts(doc: torch.Tensor) -> np.ndarray:
+    """`document_starts` of a tensor: a device tensor is copied to the host first (one sync)."""
+    return document_starts(doc.detach().cpu().numpy())
+
+
+def _cu_from_starts(starts: np.ndarray, n: int, device: torch.device) -> tuple[torch.Tensor, int]:
+    cu = np.append(starts, n).astype(np.int32)
+    return to_device(cu, device), int(np.diff(cu).max())
 
 
 def cu_seqlens(doc: torch.Tensor) -> tuple[torch.Tensor, int]:
     """(int32 boundaries of every document of the flattened [B * T] batch, padding tails
     included, and the longest one's length): the varlen kernels' description of the rows."""
-    B, T = doc.shape
-    idx = _document_starts(doc)
-    cu = torch.cat([idx, idx.new_tensor([B * T])]).to(torch.int32)
-    return cu, int((cu[1:] - cu[:-1]).max())
-
-
-class LengthGroups(NamedTuple):
-    """Where `grouped_document_attention` reads and writes the tokens of a [B, T] batch."""
-
-    gather: torch.Tensor  # [P] int64: token (of the flattened B * T) read into each slot
-    shapes: list[tuple[int, int]]  # per group: (documents n, longest L); n * L slots each
-    place: torch.Tensor  # [B * T] int64: the slot holding each token's own output
-    own: torch.Tensor  # [P] int64: the token whose own slot this is, B * T for a filler slot
-
-    @property
-    def sizes(self) -> list[int]:
-        """Slots per group (n * L), to split a slot buffer into its groups."""
-        return [n * L for n, L in self.shapes]
-
-
-# The grouped path's cost of one SDPA call over n documents padded to L, forward and backward, in
-# units of one causal query-key pair (L * L / 2 of them per document): COST_PER_SLOT per slot,
-# COST_PER_CALL per call. Measured on a CPU (fp32, one thread, 4 heads of 32): ~56 ns per pair,
-# ~0.6 us per slot, ~40 us per call. Only their ratios matter: they set how many groups a
-# batch's documents are split into (`_group_bounds`).
-COST_PER_SLOT = 11.0
-COST_PER_CALL = 700.0
-
-
-def _group_bounds(lengths: np.ndarray, counts: np.ndarray) -> list[int]:
-    """Split the sorted distinct `lengths` (each held by `counts` documents) into consecutive
-    groups, each padded to its longest, at the least total cost (pairs + slots + calls: see the
-    constants above). Exact dynamic programming over the u distinct lengths, O(u^2) in numpy.
-    Returns the end (exclusive) of every group, in order."""
-    u = lengths.size
-    cum = np.concatenate([[0], np.cumsum(counts)]).astype(np.float64)
-    L = lengths.astype(np.float64)
-    best = np.zeros(u + 1)
-    start = np.zeros(u + 1, dtype=np.int64)
-    for j in range(1, u + 1):
-        # groups [i, j) for every i < j: n documents padded to lengths[j - 1]
-        n = cum[j] - cum[:j]
-        top = L[j - 1]
-        cost = best[:j] + n * (top * (top + 1) / 2 + COST_PER_SLOT * top) + COST_PER_CALL
-        i = int(np.argmin(cost))
-        best[j], start[j] = cost[i], i
-    ends, j = [], u
-    while j > 0:
-        ends.append(j)
-        j = int(start[j])
-    return ends[::-1]
+    return _cu_from_starts(_host_starts(doc), doc.numel(), doc.device)
 
 
 def length_groups(doc: torch.Tensor) -> LengthGroups:
@@ -155,58 +119,80 @@ def length_groups(doc: torch.Tensor) -> LengthGroups:
     (`_group_bounds`): a group's filler costs attention work, every group one more kernel call.
     Worked out on the host in numpy (a handful of vectorised steps and a loop over the batch's
     distinct lengths), then moved to `doc`'s device."""
-    B, T = doc.shape
-    N = B * T
-    first = _document_starts(doc).cpu().numpy()
-    length = np.diff(first, append=N)
-    order = np.argsort(length, kind="stable")
-    sorted_first, sorted_length = first[order], length[order]
-    lengths, counts = np.unique(sorted_length, return_counts=True)
-    last = np.asarray(_group_bounds(lengths, counts)) - 1  # each group's longest distinct length
-    # Per group: how many documents (a run of `order`) and the length they are padded to.
-    doc_end = np.cumsum(counts)[last]
-    n_docs, top = np.diff(doc_end, prepend=0), lengths[last]
-    shapes = [(int(n), int(L)) for n, L in zip(n_docs, top, strict=True)]
-    padded = np.repeat(top, n_docs)  # per document, in `order`
-    slot0 = np.concatenate([[0], np.cumsum(padded)[:-1]])
-    P = int(padded.sum())
-    # Slot s belongs to document d (in `order`) at step pos = s - slot0[d].
-    d = np.repeat(np.arange(order.size), padded)
-    pos = np.arange(P) - slot0[d]
-    src = sorted_first[d] + pos
-    valid = pos < sorted_length[d]
-    gather = np.minimum(src, N - 1)
-    own = np.where(valid, src, N)
-    place = np.empty(N, dtype=np.int64)
-    place[src[valid]] = np.flatnonzero(valid)  # every token is in exactly one document
-
-    def to_device(a: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(a).to(doc.device)
-
-    return LengthGroups(to_device(gather), shapes, to_device(place), to_device(own))
+    return groups_from_starts(_host_starts(doc), doc.numel(), doc.device)
 
 
 class Documents:
     """The documents of a packed [B, T] batch, described once per forward and shared by every
     attention layer: the varlen kernels' boundaries and the grouped path's slots are each worked
-    out on first use only (a model with 32 layers would otherwise redo it 32 times)."""
+    out on first use only (a model with 32 layers would otherwise redo it 32 times).
 
-    def __init__(self, doc: torch.Tensor):
+    Built from the device mask (`Documents(doc)`), finding the boundaries copies the document
+    numbers to the host once (a sync). Built on the host (`documents_on_host`, what
+    `attach_documents` hands the forward), the boundaries are already known: cu_seqlens are on
+    their way to the device and the grouped path's slots are computed in numpy when first
+    needed, so the forward never waits on the device for them."""
+
+    def __init__(
+        self,
+        doc: torch.Tensor,
+        starts: np.ndarray | None = None,
+        device: torch.device | None = None,
+    ):
         self.doc = doc
+        self.shape = tuple(doc.shape)
+        self.device = doc.device if device is None else torch.device(device)
+        self._starts = starts  # host-side document starts of the flattened batch, when known
         self._cu: tuple[torch.Tensor, int] | None = None
         self._groups: LengthGroups | None = None
 
     @property
     def cu_seqlens(self) -> tuple[torch.Tensor, int]:
         if self._cu is None:
-            self._cu = cu_seqlens(self.doc)
+            if self._starts is None:
+                self._cu = cu_seqlens(self.doc)
+            else:
+                self._cu = _cu_from_starts(self._starts, self.doc.numel(), self.device)
         return self._cu
 
     @property
     def groups(self) -> LengthGroups:
         if self._groups is None:
-            self._groups = length_groups(self.doc)
+            if self._starts is None:
+                self._groups = length_groups(self.doc)
+            else:
+                self._groups = groups_from_starts(self._starts, self.doc.numel(), self.device)
         return self._groups
+
+
+def documents_on_host(doc_cpu: torch.Tensor, device) -> Documents:
+    """The `Documents` of a packed batch from its CPU document numbers [B, T] (as collated),
+    for a forward on `device`: boundaries found in numpy, cu_seqlens copied without waiting."""
+    docs = Documents(doc_cpu, document_starts(doc_cpu.numpy()), device)
+    docs.cu_seqlens  # noqa: B018 - start the copy now, ahead of the forward
+    return docs
+
+
+def attach_documents(mask: torch.Tensor, mask_cpu: torch.Tensor) -> torch.Tensor:
+    """Describe a packed batch's documents on the host and attach them to `mask`, the device
+    copy of `mask_cpu` the model will be called with (module docstring); `mask` is returned.
+    A padded batch's mask (not int32) is left as it is."""
+    if is_packed(mask_cpu) and tuple(mask.shape) == tuple(mask_cpu.shape):
+        mask.documents = documents_on_host(mask_cpu, mask.device)
+    return mask
+
+
+def packed_documents(attention_mask: torch.Tensor) -> Documents:
+    """The `Documents` of a packed batch's mask: those `attach_documents` described on the
+    host, else described from the mask itself (one device sync)."""
+    docs = getattr(attention_mask, "documents", None)
+    if (
+        isinstance(docs, Documents)
+        and docs.shape == tuple(attention_mask.shape)
+        and docs.device == attention_mask.device
+    ):
+        return docs
+    return Documents(attention_mask)
 
 
 def _documents(doc: torch.Tensor | Documents) -> Documents:
@@ -249,6 +235,19 @@ def _heads_first(part: torch.Tensor, n: int, L: int) -> tuple[torch.Tensor, ...]
     return part.view(n, L, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)
 
 
+def _band(L: int, window: int | None, dtype: torch.dtype, device) -> torch.Tensor | None:
+    """The additive [L, L] mask of causal attention within the last `window` keys (query i sees
+    key j iff 0 <= i - j < window, as transformers' sliding windows), or None when causality
+    alone is that (no window, or none shorter than the group)."""
+    if window is None or L <= window:
+        return None
+    i = torch.arange(L, device=device)
+    gap = i[:, None] - i[None, :]
+    return torch.zeros(L, L, dtype=dtype, device=device).masked_fill_(
+        (gap < 0) | (gap >= window), float("-inf")
+    )
+
+
 class _GroupedFlashCPU(torch.autograd.Function):
     """The grouped path on CPU as one autograd node: torch's CPU flash-attention kernel and its
     backward called per group, on views of one slot buffer. Autograd's own graph of the same
@@ -256,18 +255,21 @@ class _GroupedFlashCPU(torch.autograd.Function):
     each group's gradients are copied once into one buffer and gathered back to the tokens."""
 
     @staticmethod
-    def forward(ctx, qkv, groups):
+    def forward(ctx, qkv, groups, scale, window):
         _, _, H, D = qkv.shape
         slots = qkv.index_select(0, groups.gather)
         outs, lses = [], []
         for part, (n, L) in zip(slots.split(groups.sizes), groups.shapes, strict=True):
-            out, lse = _FLASH_CPU(*_heads_first(part, n, L), 0.0, True)
+            band = _band(L, window, qkv.dtype, qkv.device)
+            out, lse = _FLASH_CPU(
+                *_heads_first(part, n, L), 0.0, band is None, attn_mask=band, scale=scale
+            )
             outs.append(out)
             lses.append(lse)
         # The kernel's output [n, H, L, D] is a transposed view of a contiguous [n, L, H, D].
         out_slots = torch.cat([o.transpose(1, 2).reshape(-1, H, D) for o in outs])
         ctx.save_for_backward(slots, out_slots, *lses)
-        ctx.groups = groups
+        ctx.groups, ctx.scale, ctx.window = groups, scale, window
         return out_slots.index_select(0, groups.place)
 
     @staticmethod
@@ -290,12 +292,15 @@ class _GroupedFlashCPU(torch.autograd.Function):
         for (part, out, gp, dp, lse), (n, L) in zip(parts, groups.shapes, strict=True):
             q, k, v = _heads_first(part, n, L)
             heads = [x.view(n, L, H, D).transpose(1, 2) for x in (out, gp)]
-            dq, dk, dv = _FLASH_CPU_BACKWARD(heads[1], q, k, v, heads[0], lse, 0.0, True)
+            band = _band(L, ctx.window, slots.dtype, slots.device)
+            dq, dk, dv = _FLASH_CPU_BACKWARD(
+                heads[1], q, k, v, heads[0], lse, 0.0, band is None, attn_mask=band, scale=ctx.scale
+            )
             for dst, src in zip(_heads_first(dp, n, L), (dq, dk, dv), strict=True):
                 dst.copy_(src)
         # A filler slot's gradient is zero too (module docstring), so gathering each token's own
         # slot is the whole gradient.
-        return dslots.index_select(0, groups.place), None
+        return dslots.index_select(0, groups.place), None, None, None
 
 
 def _flash_cpu_usable(qkv: torch.Tensor, dropout_p: float) -> bool:
@@ -304,19 +309,29 @@ def _flash_cpu_usable(qkv: torch.Tensor, dropout_p: float) -> bool:
     return qkv.device.type == "cpu" and dropout_p == 0.0
 
 
-def _grouped_qkv(qkv: torch.Tensor, docs: Documents, dropout_p: float) -> torch.Tensor:
+def _grouped_qkv(
+    qkv: torch.Tensor,
+    docs: Documents,
+    dropout_p: float,
+    scale: float | None = None,
+    window: int | None = None,
+) -> torch.Tensor:
     """The grouped path on qkv [B, T, 3, H, D]; returns [B, T, H, D]."""
     B, T, _, H, D = qkv.shape
     groups = docs.groups
     if _flash_cpu_usable(qkv, dropout_p):
-        return _GroupedFlashCPU.apply(qkv.reshape(B * T, 3, H, D), groups).view(B, T, H, D)
+        flat = qkv.reshape(B * T, 3, H, D)
+        return _GroupedFlashCPU.apply(flat, groups, scale, window).view(B, T, H, D)
     slots = _Take.apply(qkv.reshape(B * T, 3, H, D), groups.gather, groups.place, False)
     outs = []
     for part, (n, L) in zip(slots.split(groups.sizes), groups.shapes, strict=True):
         # [n * L, 3, H, D] -> 3 x [n, H, L, D]. The filler after each document is never attended
         # to by its real queries (causal), and the filler's own outputs are never read back.
         q, k, v = _heads_first(part, n, L)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
+        band = _band(L, window, q.dtype, q.device)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=band, is_causal=band is None, dropout_p=dropout_p, scale=scale
+        )
         outs.append(out.transpose(1, 2).reshape(n * L, H, D))
     out = _Take.apply(torch.cat(outs), groups.place, groups.own, True)
     return out.view(B, T, H, D)
@@ -342,22 +357,48 @@ def varlen_usable(q: torch.Tensor, dropout_p: float) -> bool:
     return q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and dropout_p == 0.0
 
 
+def _varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    docs: Documents,
+    scale: float | None,
+    window: int | None,
+) -> torch.Tensor:
+    """torch's flash varlen_attn over the documents; q [N, H, D], k and v [N, Hkv, D] (the
+    flattened B * T tokens). A sliding window of W keys is flash's left window W - 1."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    cu, longest = docs.cu_seqlens
+    kw = {}
+    if k.shape[1] != q.shape[1]:  # grouped-query heads
+        if "enable_gqa" in inspect.signature(varlen_attn).parameters:
+            kw["enable_gqa"] = True
+        else:
+            k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], 1) for x in (k, v))
+    if scale is not None:
+        kw["scale"] = scale
+    left = -1 if window is None else window - 1
+    return varlen_attn(q, k, v, cu, cu, longest, longest, window_size=(left, 0), **kw)
+
+
 def document_attention_qkv(
-    qkv: torch.Tensor, doc: torch.Tensor | Documents, dropout_p: float = 0.0
+    qkv: torch.Tensor,
+    doc: torch.Tensor | Documents,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Causal attention within documents, from the fused projection: qkv [B, T, 3, H, D] (as a
-    model's one qkv linear lays it out), doc: [B, T] document numbers or their `Documents`.
+    model's one qkv linear lays it out), doc: [B, T] document numbers or their `Documents`;
+    `scale` (default 1 / sqrt(D)), a sliding `window` of keys per query within its document.
     Returns [B, T, H, D], ready for the output projection."""
     docs = _documents(doc)
     if varlen_usable(qkv, dropout_p):
-        from torch.nn.attention.varlen import varlen_attn
-
         B, T, _, H, D = qkv.shape
-        cu, longest = docs.cu_seqlens
         q, k, v = qkv.reshape(B * T, 3, H, D).unbind(1)
-        out = varlen_attn(q, k, v, cu, cu, longest, longest, window_size=(-1, 0))
-        return out.view(B, T, H, D)
-    return _grouped_qkv(qkv, docs, dropout_p)
+        return _varlen(q, k, v, docs, scale, window).view(B, T, H, D)
+    return _grouped_qkv(qkv, docs, dropout_p, scale, window)
 
 
 def document_attention(
@@ -366,37 +407,20 @@ def document_attention(
     v: torch.Tensor,
     doc: torch.Tensor | Documents,
     dropout_p: float = 0.0,
+    scale: float | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """Causal attention within documents. q, k, v: [B, H, T, D]; doc: [B, T] document numbers
-    or their `Documents`. Returns [B, H, T, D]."""
-    return document_attention_qkv(_fused(q, k, v), doc, dropout_p).transpose(1, 2)
-
-
-def hf_packed_mask(
-    doc: torch.Tensor,
-    attn_implementation: str | None,
-    dtype: torch.dtype,
-    windows: int | dict[str, int | None] | None = None,
-):
-    """The 4D mask to hand a Hugging Face model for a packed batch (module docstring), or None
-    for flash-attention implementations, which take the documents from `position_ids`.
-    `windows` (pipeline.learn.hf_packed.packed_windows): a sliding window every layer applies,
-    per document; or, for a model whose layers differ, one mask per layer type (the mapping
-    such models take in place of one mask)."""
-    if attn_implementation and "flash" in attn_implementation:
-        return None
-    if isinstance(windows, dict):
-        masks = {w: block_causal_mask(doc, w) for w in set(windows.values())}
-        return {t: _as_hf_mask(masks[w], attn_implementation, dtype) for t, w in windows.items()}
-    return _as_hf_mask(block_causal_mask(doc, windows), attn_implementation, dtype)
-
-
-def _as_hf_mask(allowed: torch.Tensor, attn_implementation: str | None, dtype: torch.dtype):
-    """Boolean for SDPA and flex attention, additive (0 / dtype's min) for eager attention."""
-    if attn_implementation in (None, "sdpa", "flex_attention"):
-        return allowed
-    neg = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-    return neg.masked_fill_(~allowed, torch.finfo(dtype).min)
+    """Causal attention within documents. q: [B, H, T, D]; k, v: [B, Hkv, T, D] (Hkv divides
+    H: grouped-query heads); doc: [B, T] document numbers or their `Documents`; `scale` and
+    `window` as `document_attention_qkv`. Returns [B, H, T, D]."""
+    B, H, T, D = q.shape
+    docs = _documents(doc)
+    if varlen_usable(q, dropout_p):
+        flat = (x.transpose(1, 2).reshape(B * T, x.shape[1], D) for x in (q, k, v))
+        return _varlen(*flat, docs, scale, window).view(B, T, H, D).transpose(1, 2)
+    if k.shape[1] != H:  # the grouped path runs every query head on its own key/value head
+        k, v = (x.repeat_interleave(H // x.shape[1], 1) for x in (k, v))
+    return _grouped_qkv(_fused(q, k, v), docs, dropout_p, scale, window).transpose(1, 2)
 
 
 def require_packed_support(model) -> None:

@@ -8,7 +8,8 @@ starts, reading config.json, the file listing and the weight files' headers only
 short, tensors missing, extra or of another shape are refused there: pipeline/learn/
 pretrained_weights.py); each worker then loads the weights itself (a bucket directory is copied
 once per node into a local cache first) and refuses a load transformers reports as incomplete,
-where it would start the missing tensors from random.
+where it would start the missing tensors from random. The weights are loaded in float32 whatever
+dtype the checkpoint holds (pipeline/learn/optim.py: fp32 master weights).
 """
 
 from __future__ import annotations
@@ -142,7 +143,7 @@ def local_copy(uri: str, cache_root: str | None = None) -> Path:
 
 
 def load_pretrained(cfg: ModelConfig, max_positions: int):
-    """The `transformers` model in cfg.hf_pretrained, weights from safetensors only."""
+    """The `transformers` model in cfg.hf_pretrained, weights from safetensors only, in fp32."""
     try:
         from transformers import AutoModelForCausalLM
     except ImportError:
@@ -150,6 +151,7 @@ def load_pretrained(cfg: ModelConfig, max_positions: int):
             "model.hf_pretrained needs Hugging Face transformers: pip install 'bucketray[hf]'"
         ) from None
     check_pretrained(cfg, max_positions)
+    import torch
     from transformers.utils import logging as hf_logging
 
     # Its load report would only reach this worker's log: the account it returns is refused
@@ -160,6 +162,9 @@ def load_pretrained(cfg: ModelConfig, max_positions: int):
     try:
         model, info = AutoModelForCausalLM.from_pretrained(
             str(local_copy(cfg.hf_pretrained)),
+            # fp32 master weights whatever dtype the checkpoint holds (most are bf16, which
+            # transformers would keep): bf16 comes only through autocast (train.bf16).
+            dtype=torch.float32,
             use_safetensors=True,
             local_files_only=True,
             trust_remote_code=cfg.hf_trust_remote_code,

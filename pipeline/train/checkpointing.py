@@ -27,10 +27,11 @@ from pipeline.learn.checkpoint import (
     save_run_config,
     set_rng_state,
 )
+from pipeline.learn.horizon import SCHEDULE_STEPS, horizon_change, schedule_horizon
 from pipeline.learn.logger import MetricLogger
 from pipeline.learn.loss import NonFiniteGuard
 from pipeline.learn.model_record import check_same_model, load_weights
-from pipeline.learn.optim import load_with_current_settings
+from pipeline.learn.optim import build_scheduler, load_with_current_settings, optimizer_settings
 from pipeline.train.history import EvalHistory, StepHistory
 from pipeline.train.runspec import RunSpec, SaveFn, crossed
 
@@ -93,6 +94,7 @@ class Checkpointing:
             )
         check_same_model(state.model_record, self.model_record)
         load_weights(self.model, state.model)
+        self._schedule_horizon(state)
         # The moments and the schedule's position from the checkpoint, the settings from this
         # config: a resume with a lower train.lr trains at it, and says so.
         changed = load_with_current_settings(
@@ -101,7 +103,7 @@ class Checkpointing:
             state.optimizer,
             state.scheduler,
             state.train_record,
-            self.settings,
+            {k: v for k, v in self.settings.items() if k != SCHEDULE_STEPS},
         )
         if changed and spec.rank == 0:
             print(
@@ -129,6 +131,17 @@ class Checkpointing:
                 f"{p.world_size} workers)",
                 flush=True,
             )
+
+    def _schedule_horizon(self, state: TrainState) -> None:
+        """A resume under another run length: refused, or the schedule rebuilt over the
+        checkpoint's horizon (train.on_schedule_change; the driver printed the line)."""
+        t = self.cfg.train
+        done = int((state.scheduler or {}).get("last_epoch", 0))
+        change = horizon_change(state.train_record, t, self.settings[SCHEDULE_STEPS], done)
+        horizon, _ = schedule_horizon(change, t)
+        if horizon is not None:
+            self.scheduler = build_scheduler(self.optimizer, t, horizon)
+            self.settings = {**optimizer_settings(t, horizon), SCHEDULE_STEPS: horizon}
 
     def checkpoint_due(self, before: int, epoch: int, next_step: int) -> bool:
         """A checkpoint falls after this step: an epoch end, the run's end, or every

@@ -22,6 +22,8 @@ from pipeline.learn.checkpoint import RUN_CONFIG_FILE, STATE_FILE, CheckpointErr
 
 __all__ = [
     "ASYNC_EVALS_DIR",
+    "check_async_room",
+    "validation_resources",
     "EVAL_RESULT_FILE",
     "read_async_evals",
     "validate_checkpoint",
@@ -229,6 +231,46 @@ def validate_checkpoint(
 
     print(eval_line(int(step), int(epoch), metrics) + " (async)", flush=True)
     return metrics
+
+
+def validation_resources(scaling) -> dict[str, float]:
+    """What the eval.mode=async task asks Ray for (`ray_remote_kwargs`): one worker's CPUs and,
+    with scaling.use_gpu, a whole GPU of its own (it loads the checkpoint's weights beside
+    nothing else and evaluates on one process)."""
+    out = {"num_cpus": float(scaling.cpus_per_worker)}
+    if scaling.use_gpu:
+        out["num_gpus"] = 1.0
+    return out
+
+
+def check_async_room(cluster, cfg: RunConfig, *, autoscaling: bool = False) -> None:
+    """Refuse eval.mode=async, in one line naming eval.mode=inline, where its task cannot run
+    beside the training workers in `cluster` (the resources it has, or at most can have).
+
+    Why: Ray Train (2.60, `ValidationManager`) starts a validation task from its controller's
+    loop, one at a time, with the resources above; the task waits for them, and at the run's
+    end the controller shuts the worker group down first and drains the queued validations
+    after (`TrainController._shutdown`). Workers holding every GPU (preflight lets them take
+    all) therefore move every evaluation to after the last step. An autoscaling cluster may
+    grow nodes for the task: not refused."""
+    if cfg.eval is None or cfg.eval.mode != "async" or autoscaling:
+        return
+    s = cfg.scaling
+    task = validation_resources(s)
+    for name, key, per_worker in (
+        ("CPU", "num_cpus", float(s.cpus_per_worker)),
+        ("GPU", "num_gpus", 1.0 if s.use_gpu else 0.0),
+    ):
+        need = s.num_workers * per_worker + task.get(key, 0.0)
+        have = float(cluster.get(name, 0.0))
+        if key in task and need > have + 1e-9:
+            raise ConfigError(
+                f"eval.mode=async evaluates in a Ray task of its own ({task[key]:g} {name}) "
+                f"beside {s.num_workers} training workers x {per_worker:g} {name}, but the "
+                f"cluster has {have:g} {name}: Ray Train would start every evaluation only "
+                "after the last training step. Set eval.mode=inline (every rank evaluates its "
+                f"share between steps), or leave {task[key]:g} {name} free for it"
+            )
 
 
 def read_async_evals(fs, rdir: str, num_buckets: int):

@@ -31,6 +31,10 @@ HISTORY_FILE = "history.parquet"
 # loss (supervised-token mean), debiased loss, learning rate, real and padded tokens, wall seconds.
 COLUMNS = ("step", "epoch", "bucket", "loss", "debiased", "lr", "real", "padded", "seconds")
 _TYPES = {"step": pa.int64(), "epoch": pa.int32(), "bucket": pa.int32()}
+# Where a run reports its loss by document length range (`RunSpec.ranges`): per step, each
+# range's token-loss sum and supervised tokens (lists), the ranges' edges in the file's metadata.
+RANGE_COLUMNS = ("range_loss", "range_tokens")
+_RANGE_EDGES = b"bucketray.range_edges"
 
 
 @dataclass
@@ -38,6 +42,8 @@ class StepHistory:
     """Rows of COLUMNS, appended step by step; `table()` and `write()` for checkpoints."""
 
     rows: dict[str, list] = field(default_factory=lambda: {c: [] for c in COLUMNS})
+    range_edges: list[int] = field(default_factory=list)  # [] where the run has no ranges
+    ranges: dict[str, list] = field(default_factory=lambda: {c: [] for c in RANGE_COLUMNS})
 
     def __len__(self) -> int:
         return len(self.rows["step"])
@@ -48,18 +54,39 @@ class StepHistory:
             raise ValueError(f"history row without {sorted(missing)}")
         for c in COLUMNS:
             self.rows[c].append(row[c])
+        for c in RANGE_COLUMNS:
+            self.ranges[c].append([float(v) for v in row.get(c, ())])
 
     def truncate(self, steps_done: int) -> None:
         """Keep the rows of steps <= steps_done (a checkpoint's position)."""
         keep = sum(1 for s in self.rows["step"] if s <= steps_done)
         for c in COLUMNS:
             del self.rows[c][keep:]
+        for c in RANGE_COLUMNS:
+            del self.ranges[c][keep:]
 
     def table(self) -> pa.Table:
-        return pa.table({c: pa.array(self.rows[c], _TYPES.get(c, pa.float64())) for c in COLUMNS})
+        t = {c: pa.array(self.rows[c], _TYPES.get(c, pa.float64())) for c in COLUMNS}
+        if not self.range_edges:
+            return pa.table(t)
+        for c in RANGE_COLUMNS:
+            t[c] = pa.array(self.ranges[c], pa.list_(pa.float64()))
+        edges = ",".join(str(int(e)) for e in self.range_edges).encode()
+        return pa.table(t, metadata={_RANGE_EDGES: edges})
 
     def arrays(self) -> dict[str, np.ndarray]:
-        return {c: np.asarray(self.rows[c]) for c in COLUMNS}
+        """Each column as an array; with ranges, `range_loss` and `range_tokens` as [steps,
+        ranges] (NaN for a step recorded without them)."""
+        out = {c: np.asarray(self.rows[c]) for c in COLUMNS}
+        if self.range_edges:
+            R = len(self.range_edges) - 1
+            for c in RANGE_COLUMNS:
+                a = np.full((len(self), R), np.nan)
+                for i, v in enumerate(self.ranges[c]):
+                    if len(v) == R:
+                        a[i] = v
+                out[c] = a
+        return out
 
     def write(self, directory: str) -> None:
         pq.write_table(self.table(), f"{directory}/{HISTORY_FILE}")
@@ -72,6 +99,13 @@ class StepHistory:
                 h.rows[c] = table.column(c).to_pylist()
             else:  # a column added later: unknown for older rows
                 h.rows[c] = [float("nan")] * table.num_rows
+        meta = table.schema.metadata or {}
+        if _RANGE_EDGES in meta and all(c in table.column_names for c in RANGE_COLUMNS):
+            h.range_edges = [int(e) for e in meta[_RANGE_EDGES].decode().split(",")]
+            for c in RANGE_COLUMNS:
+                h.ranges[c] = [list(v or ()) for v in table.column(c).to_pylist()]
+        else:
+            h.ranges = {c: [[] for _ in range(table.num_rows)] for c in RANGE_COLUMNS}
         return h
 
     @classmethod

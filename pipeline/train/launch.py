@@ -19,13 +19,14 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pyarrow.fs as pafs
 
 from pipeline.core.config import ConfigError, RunConfig
 from pipeline.core.epochs import packed_epoch_metrics
+from pipeline.core.length_ranges import run_ranges
 from pipeline.core.plan import EpochPlan
 from pipeline.data.connect import CONNECT_TIMEOUT_S, connect
 from pipeline.data.driver import (
@@ -45,6 +46,7 @@ from pipeline.train.console import (
     show_run_lines_only,
 )
 from pipeline.train.control import trainer_class, user_error
+from pipeline.train.evaluate_run import check_async_room
 from pipeline.train.loop import (
     FAIL_AT_STEP_ENV,
     FAIL_MARKER_ENV,
@@ -52,7 +54,14 @@ from pipeline.train.loop import (
     LoopInputs,
     train_loop,
 )
-from pipeline.train.preflight import check_before_start, check_stable_paths, preflight
+from pipeline.train.picture_jumpiness import print_run_jumpiness
+from pipeline.train.preflight import (
+    absolute_paths,
+    check_before_start,
+    check_stable_paths,
+    preflight,
+)
+from pipeline.train.reference import driver_reference
 from pipeline.train.resume_check import (
     check_resume_on_driver,
     data_file_digests,
@@ -60,6 +69,7 @@ from pipeline.train.resume_check import (
     truncation_metrics,
     truncation_note,
 )
+from pipeline.train.run_record import write_heldout_record
 from pipeline.train.runlock import RunLease, signals_interrupt
 from pipeline.train.stop import create_stop_flag, request_stop, stop_flag_name
 
@@ -209,7 +219,9 @@ def _check_resources(cfg: RunConfig, *, wait_s: float) -> None:
     while True:
         capacity, autoscaling = _cluster_capacity(cfg)
         try:
-            return preflight(capacity, cfg, autoscaling=autoscaling)
+            preflight(capacity, cfg, autoscaling=autoscaling)
+            # eval.mode=async: its task must fit beside the workers, or it runs after them.
+            return check_async_room(capacity, cfg, autoscaling=autoscaling)
         except ConfigError:
             if time.monotonic() >= deadline:
                 raise
@@ -290,11 +302,14 @@ def _train(cfg: RunConfig, fs, rdir: str, t0: float, warnings_to: str | None) ->
     plan, epochs = _plan_epochs(cfg, data)
     steps, total = plan.steps, plan.total_steps
     files = data_file_digests(index)
-    check_resume_on_driver(cfg, fs, rdir, edges, epochs, files)
+    horizon = check_resume_on_driver(cfg, fs, rdir, edges, epochs, files, steps_per_epoch=steps)
+    if horizon:
+        print(f"[bucketray] {horizon}", flush=True)
     note = truncation_note(index)
     if note:
         print(f"[bucketray] {note}", flush=True)
-    held_out = _held_out(cfg, data)
+    held_out = _held_out(cfg, data, total)
+    reference = driver_reference(cfg.eval, *_run_fs(cfg))
     rows = RowCache.for_run(cfg, index, warn=True)
     print(
         f"[bucketray] {rows.describe() if rows else 'row cache off (delivery.row_cache)'}",
@@ -316,6 +331,7 @@ def _train(cfg: RunConfig, fs, rdir: str, t0: float, warnings_to: str | None) ->
     )
     try:
         inputs = _loop_inputs(cfg, feeder_name, edges, steps, epochs, files, warnings_to, held_out)
+        inputs = replace(inputs, ranges=run_ranges(index.lengths, edges), reference=reference)
         result = _fit(cfg, inputs, flag)
     finally:
         ray.kill(feeder)
@@ -344,6 +360,7 @@ def _draw_picture(cfg: RunConfig) -> str | None:
 
     target = f"{run_dir(cfg)}/{PICTURE_FILE}"
     try:
+        print_run_jumpiness(run_dir(cfg))
         if "://" not in target:
             return draw_run(run_dir(cfg), target)
         fs, path = _run_fs(cfg)
@@ -356,17 +373,19 @@ def _draw_picture(cfg: RunConfig) -> str | None:
         return None
 
 
-def _held_out(cfg: RunConfig, data: RunData) -> list:
-    """[ObjectRef of the run's held-out set] for the workers (read and checked here, once), or
-    [] without an `eval:` section."""
+def _held_out(cfg: RunConfig, data: RunData, total_steps: int) -> list:
+    """[ObjectRef of the run's held-out set] for the workers (read and checked here, once, at
+    the run's own top edge), or [] without an `eval:` section."""
     if cfg.eval is None:
         return []
     import ray
 
     from pipeline.data.evalset import load_eval_set
 
-    held_out = load_eval_set(cfg, data.index)
+    cfg.eval.check_reaches(total_steps)  # an epochs-based run's length is known only here
+    held_out = load_eval_set(cfg, data.index, top=data.edges[-1])
     print(f"[bucketray] {held_out.describe()}", flush=True)
+    write_heldout_record(*_run_fs(cfg), held_out)  # what jobs.compare_runs checks runs share
     return [ray.put(held_out)]
 
 
@@ -382,7 +401,9 @@ def _loop_inputs(
 ):
     wandb_dir = cfg.wandb.dir or (run_dir(cfg) if "://" not in run_dir(cfg) else "wandb")
     return LoopInputs(
-        cfg=cfg.model_dump(mode="json"),
+        # Absolute, so that the config each checkpoint records finds the run's data from any
+        # directory (jobs.evaluate), and the workers write where the driver's paths point.
+        cfg=absolute_paths(cfg.model_dump(mode="json"), cfg),
         feeder=feeder,
         edges=edges,
         steps_per_epoch=steps,
@@ -403,15 +424,12 @@ def _validation_config(cfg: RunConfig, inputs: LoopInputs):
 
     from ray.train.v2.api.validation_config import ValidationConfig
 
-    from pipeline.train.evaluate_run import validate_checkpoint
+    from pipeline.train.evaluate_run import validate_checkpoint, validation_resources
 
     fn = partial(
         validate_checkpoint, eval_set=inputs.eval_set, edges=inputs.edges, run_dir=run_dir(cfg)
     )
-    resources = {"num_cpus": cfg.scaling.cpus_per_worker}
-    if cfg.scaling.use_gpu:
-        resources["num_gpus"] = 1
-    return ValidationConfig(fn=fn, ray_remote_kwargs=resources)
+    return ValidationConfig(fn=fn, ray_remote_kwargs=validation_resources(cfg.scaling))
 
 
 def _fit(cfg: RunConfig, inputs: LoopInputs, stop_flag):

@@ -6,6 +6,8 @@ The training itself (resume, step, logging, checkpoints, exact resume: contract 
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -22,12 +24,15 @@ from pipeline.train.stop import stop_flag_name, stop_poller
 from pipeline.train.trainer import Trainer
 
 __all__ = [
+    "EXPANDABLE_SEGMENTS",
     "GpuUnusableError",
     "LoopInputs",
+    "allocator_setting",
     "check_device",
     "GroupStats",
     "train_loop",
     "train_group",
+    "use_allocator_setting",
     "FAIL_AT_STEP_ENV",
     "FAIL_MARKER_ENV",
     "FAIL_RANK_ENV",
@@ -48,6 +53,8 @@ class LoopInputs:
     warnings: str | None = None  # the run's warning collector (pipeline.data.run_warnings)
     # [ObjectRef of the held-out EvalSet] (a list: Ray does not dereference it); [] without eval
     eval_set: list = field(default_factory=list)
+    ranges: list = field(default_factory=list)  # the loss's length ranges (core.length_ranges)
+    reference: dict = field(default_factory=dict)  # eval.reference_run's held-out curve
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -144,6 +151,35 @@ def check_device(device, rank: int, *, cuda_available=None) -> None:
     )
 
 
+# The CUDA caching allocator's setting for padded batches: each bucket's shape leaves cached
+# blocks of its own size, which expandable segments grow into instead of reserving more.
+EXPANDABLE_SEGMENTS = "expandable_segments:True"
+_ALLOC_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+
+
+def allocator_setting(environ: Mapping[str, str], *, packed: bool) -> str | None:
+    """The allocator setting a worker applies: expandable segments for padded batches; None
+    with packed rows (one shape every step) or when the user set PYTORCH_CUDA_ALLOC_CONF or
+    PYTORCH_ALLOC_CONF (never overridden)."""
+    if packed or any(k in environ for k in _ALLOC_ENV):
+        return None
+    return EXPANDABLE_SEGMENTS
+
+
+def use_allocator_setting(cfg: RunConfig, device) -> None:
+    """Apply `allocator_setting` to this CUDA worker, before the model takes any memory."""
+    setting = allocator_setting(os.environ, packed=cfg.batching.mode == "packed")
+    if setting is None or device.type != "cuda":
+        return
+    import torch
+
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = setting  # read by processes this worker starts
+    # Ray Train set this worker's CUDA device (so initialised CUDA, reading the environment)
+    # before the loop runs: the running allocator takes the setting too, for its new segments.
+    apply = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+    (apply or torch.cuda.memory._set_allocator_settings)(setting)
+
+
 def train_loop(config: dict) -> None:
     """Ray Train's train_loop_per_worker. `config` is LoopInputs.to_dict()."""
     import ray.train
@@ -158,6 +194,7 @@ def train_loop(config: dict) -> None:
     cfg = RunConfig.model_validate(inp.cfg)
     device = ray.train.torch.get_device()
     check_device(device, rank)
+    use_allocator_setting(cfg, device)
     spec = RunSpec(
         rank=rank,
         world=world,
@@ -167,6 +204,8 @@ def train_loop(config: dict) -> None:
         epochs=inp.epochs,
         run_dir=ctx.get_storage().experiment_fs_path,
         data_files=inp.data_files,
+        ranges=list(inp.ranges),
+        reference=dict(inp.reference),
     )
     # Rank 0 asks the driver's stop flag; every rank joins the all-reduce that makes it unanimous.
     stop = stop_poller(stop_flag_name(cfg.checkpoint.run_name)) if rank == 0 else (lambda: False)

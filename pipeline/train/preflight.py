@@ -3,6 +3,8 @@
 - `check_stable_paths`: inside `ray job submit`, a relative path (any config field marked as a
   location, `pipeline.core.config.path_fields`) would resolve in the job's content-hashed working
   directory: outputs a resubmitted job would not find again, inputs the upload left out.
+- `absolute_paths`: a run's relative local paths resolved against the directory it started in,
+  as its workers and checkpoints get them (`jobs.evaluate` from another directory finds them).
 - `preflight`: the workers plus what Ray Data needs must fit in the cluster, else the run
   deadlocks (workers waiting for data that no CPU is left to read) or waits forever.
 - `check_before_start`: what the config alone decides, before Ray starts: the model can be built
@@ -12,6 +14,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 
@@ -20,6 +23,7 @@ from pipeline.core.config import ConfigError, RunConfig, path_fields
 __all__ = [
     "DATA_CPUS",
     "SUBMITTED_JOB_ENV",
+    "absolute_paths",
     "check_before_start",
     "check_stable_paths",
     "in_submitted_job",
@@ -67,13 +71,35 @@ def check_stable_paths(cfg: RunConfig, environ: Mapping[str, str] = os.environ) 
     if not in_submitted_job(environ):
         return
     for key, value in path_fields(cfg):
-        if value and "://" not in value and not os.path.isabs(os.path.expanduser(value)):
+        if is_relative_local(value):
             raise ConfigError(
                 f"{key}={value!r} is relative: inside `ray job submit` it resolves in the "
                 "job's working directory, a new folder whenever a file changes (and holding only "
                 "what was uploaded), so a resubmitted job would not find it; set an absolute "
                 f"path or a URI (--set {key}=/shared/... or s3://...)"
             )
+
+
+def is_relative_local(value: str | None) -> bool:
+    """A set local path that is relative (a URI, `~/...` and an absolute path are not)."""
+    return bool(value) and "://" not in value and not os.path.isabs(os.path.expanduser(value))
+
+
+def absolute_paths(raw: dict, cfg: RunConfig, cwd: str | None = None) -> dict:
+    """`raw` (cfg's model_dump) with every relative local path of `cfg` (`path_fields`) made
+    absolute against `cwd` (default: this process's directory); URIs stay as they are. What
+    the workers get, so the config each checkpoint records names its data wherever it is
+    read from later."""
+    base = cwd or os.getcwd()
+    out = json.loads(json.dumps(raw))
+    for key, value in path_fields(cfg):
+        if is_relative_local(value):
+            *parents, last = key.split(".")
+            node = out
+            for p in parents:
+                node = node[p]
+            node[last] = os.path.normpath(os.path.join(base, value))
+    return out
 
 
 # --------------------------------------------------------------------------- resources

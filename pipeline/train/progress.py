@@ -8,12 +8,14 @@ import os
 import time
 from pathlib import Path
 
+from pipeline.core.length_ranges import range_label
 from pipeline.train.step import GroupStats
 
 __all__ = [
     "Window",
     "step_metrics",
     "packed_step_metrics",
+    "range_metrics",
     "progress_line",
     "fmt_eta",
     "SampleRecorder",
@@ -66,6 +68,20 @@ def step_metrics(
         "train/loss_debiased": debiased,
         "train/epoch": epoch,
         **{f"train/loss_by_bucket/{k}": v for k, v in stats.bucket_losses().items()},
+    }
+
+
+def range_metrics(stats: GroupStats, ranges: list[int]) -> dict[str, float]:
+    """`train/loss_by_length/<lo>-<hi>` of a logged step: the token-mean loss of the step's
+    documents of each length range (all ranks); NaN for a range the step has no token of."""
+    if not ranges or stats.range_loss.size == 0:
+        return {}
+    loss, tokens = stats.range_loss[-1], stats.range_tokens[-1]
+    return {
+        f"train/loss_by_length/{range_label(ranges, r)}": (
+            float(loss[r] / tokens[r]) if tokens[r] > 0 else float("nan")
+        )
+        for r in range(len(ranges) - 1)
     }
 
 

@@ -18,6 +18,7 @@ import pyarrow.fs as pafs
 from pipeline.core.config import RunConfig
 from pipeline.core.manifest import file_digests
 from pipeline.core.metrics import truncation_counts
+from pipeline.core.runlength import run_length
 from pipeline.learn.checkpoint import (
     STATE_FILE,
     DataPosition,
@@ -25,6 +26,7 @@ from pipeline.learn.checkpoint import (
     check_resume,
     global_batch_definition,
 )
+from pipeline.learn.horizon import horizon_change, schedule_horizon
 from pipeline.learn.model_record import check_same_model, model_record
 
 __all__ = [
@@ -68,17 +70,22 @@ def check_resume_on_driver(
     edges: list[int],
     epochs: list[dict],
     data_files: dict | None = None,
-) -> None:
+    *,
+    steps_per_epoch: list[int] | None = None,
+) -> str | None:
     """The worker loop's resume check, run before any worker starts: a checkpoint that cannot
     continue under this config or data is refused in seconds, not after every retry.
-    `data_files` (`data_file_digests`) lets the refusal name the shards that changed."""
+    `data_files` (`data_file_digests`) lets the refusal name the shards that changed;
+    `steps_per_epoch` (the plan's) lets it check the LR schedule's horizon
+    (`pipeline.learn.horizon`). Returns the line to print about that horizon, or None."""
     found = latest_position(fs, rdir)
     if found is None:
-        return
+        return None
     path, p = found
-    check_same_model(_recorded_model(fs, path), model_record(cfg.model), where=f" {path}")
+    meta = _state(fs, path)
+    check_same_model(meta.get("model"), model_record(cfg.model), where=f" {path}")
     if p.epoch >= len(epochs):
-        return
+        return None
     elastic = cfg.scaling.min_workers is not None  # the world size is only known in the workers
     try:
         check_resume(
@@ -91,12 +98,21 @@ def check_resume_on_driver(
         )
     except ResumeError as e:
         raise ResumeError(f"{e} (checkpoint {path})") from None
+    if steps_per_epoch is None:
+        return None
+    # The optimizer steps done at the position (a group never spans an epoch boundary).
+    ga = cfg.train.grad_accum
+    done = sum(-(-s // ga) for s in steps_per_epoch[: p.epoch]) + -(-p.next_step // ga)
+    total = run_length(steps_per_epoch, cfg.train).optimizer_steps
+    change = horizon_change(meta.get("train"), cfg.train, total, done)
+    return schedule_horizon(change, cfg.train, where=f" from {path}")[1]
 
 
-def _recorded_model(fs: pafs.FileSystem, path: str) -> dict | None:
-    """The model record in a checkpoint's state.json (None in older checkpoints)."""
+def _state(fs: pafs.FileSystem, path: str) -> dict:
+    """A checkpoint's state.json (its model record and optimizer settings: None in older
+    checkpoints)."""
     with fs.open_input_stream(f"{path}/{STATE_FILE}") as f:
-        return json.loads(f.read()).get("model")
+        return json.loads(f.read())
 
 
 def truncation_metrics(index) -> dict[str, int]:

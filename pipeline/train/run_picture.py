@@ -28,6 +28,9 @@ from pipeline.train.history import (
     read_evals,
     read_history,
 )
+from pipeline.train.picture_jumpiness import draw_jumpiness, history_jumpiness
+from pipeline.train.picture_ranges import draw_range_losses, has_ranges, range_lines
+from pipeline.train.reference import draw_reference, reference_lines, run_reference
 
 __all__ = ["PICTURE_FILE", "readability", "draw_history", "draw_run", "default_picture_path"]
 
@@ -101,6 +104,7 @@ def draw_history(
     title: str = "",
     edges: list[int] | None = None,
     evals: EvalHistory | None = None,
+    reference: dict | None = None,
 ) -> str:
     """Write the run's PNG to `path` (a local file); returns `path`. With `evals`, the held-out
     loss is drawn over the training curves, and each bucket's held-out loss over its own."""
@@ -110,6 +114,7 @@ def draw_history(
     import matplotlib.pyplot as plt
 
     a = history.arrays()
+    ranges = history.range_edges if has_ranges(a) else []
     if a["step"].size == 0:
         raise ValueError("the run has no recorded steps to draw")
     bucket = a["bucket"].astype(int)
@@ -117,10 +122,16 @@ def draw_history(
     cmap = plt.get_cmap("viridis", max(n_buckets, 2))
     ev = evals.arrays() if evals is not None and len(evals) else None
 
-    fig, axes = plt.subplots(2, 3, figsize=(16, 8.5))
+    fig, axes = plt.subplots(2, 3, figsize=(16, 9.2))
     (ax_loss, ax_bucket, ax_lr), (ax_pad, ax_tps, ax_text) = axes
     _draw_loss(ax_loss, a, ev, cmap, n_buckets)
-    _draw_bucket_losses(fig, ax_bucket, a, ev, cmap, n_buckets, edges)
+    if reference:  # eval.reference_run's held-out curve, at equal real tokens
+        draw_reference(ax_loss, a, reference)
+        ax_loss.legend(loc="upper right", fontsize=8)
+    if ranges and n_buckets < 2:  # every step mixes every length: the loss by length instead
+        draw_range_losses(ax_bucket, a, ranges, plt.get_cmap("viridis"))
+    else:
+        _draw_bucket_losses(fig, ax_bucket, a, ev, cmap, n_buckets, edges)
     ax_lr.plot(a["step"], a["lr"], color="#4477aa", lw=1.2)
     ax_lr.set_title("learning rate")
     ax_lr.set_xlabel("global step")
@@ -128,10 +139,13 @@ def draw_history(
     _draw_padding(ax_pad, a)
     _draw_speed(ax_tps, a)
     ax_text.axis("off")
-    text = "\n".join(_summary_lines(a, ev, n_buckets, edges))
+    jumpy = history_jumpiness(a)
+    text = "\n".join(_summary_lines(a, ev, n_buckets, edges, ranges, reference or {}))
     ax_text.text(0.0, 1.0, text, va="top", ha="left", family="monospace", fontsize=9.5)
     fig.suptitle(title or "bucketray run", fontsize=12)
     fig.tight_layout()
+    fig.subplots_adjust(bottom=0.14)  # a strip under the panels for the jumpiness bar
+    draw_jumpiness(fig, ax_text, jumpy)
     d = os.path.dirname(os.path.abspath(path))
     os.makedirs(d, exist_ok=True)
     fig.savefig(path, dpi=90)
@@ -143,10 +157,11 @@ def _draw_loss(ax, a: dict, ev: dict | None, cmap, n_buckets: int) -> None:
     """Raw step loss (dots coloured by bucket), the debiased loss and the held-out loss."""
     step, loss = a["step"], a["loss"].astype(float)
     ax.plot(step, loss, color="#999999", lw=0.5, zorder=1, label="raw step loss")
-    ax.plot(
-        step, a["debiased"].astype(float), color="#cc3311", lw=1.3, alpha=0.85, zorder=2,
-        label="debiased loss",
-    )  # fmt: skip
+    if n_buckets > 1:  # with one bucket the debiased loss is the raw one
+        ax.plot(
+            step, a["debiased"].astype(float), color="#cc3311", lw=1.3, alpha=0.85, zorder=2,
+            label="debiased loss",
+        )  # fmt: skip
     ax.scatter(
         step, loss, c=a["bucket"].astype(int), cmap=cmap, vmin=0, vmax=n_buckets - 1, s=9,
         lw=0, zorder=3,
@@ -158,7 +173,8 @@ def _draw_loss(ax, a: dict, ev: dict | None, cmap, n_buckets: int) -> None:
         )  # fmt: skip
         _clip_to_training(ax, loss, ev["loss"])
     held = ", held-out" if ev is not None else ""
-    ax.set_title(f"loss: raw (dots by bucket), debiased{held}")
+    what = "raw (dots by bucket), debiased" if n_buckets > 1 else "each step"
+    ax.set_title(f"loss: {what}{held}")
     ax.set_xlabel("global step")
     ax.set_ylabel("loss (nats per supervised token)")
     ax.legend(loc="upper right", fontsize=8)
@@ -216,7 +232,14 @@ def _draw_speed(ax, a: dict) -> None:
     ax.legend(loc="lower right", fontsize=8)
 
 
-def _summary_lines(a: dict, ev: dict | None, n_buckets: int, edges: list[int] | None) -> list:
+def _summary_lines(
+    a: dict,
+    ev: dict | None,
+    n_buckets: int,
+    edges: list[int] | None,
+    ranges: list[int],
+    reference: dict | None = None,
+) -> list:
     """The text panel: the run in figures, the held-out evaluations and how to read the loss."""
     step, loss = a["step"], a["loss"].astype(float)
     real, padded, secs = (a[c].astype(float) for c in ("real", "padded", "seconds"))
@@ -226,16 +249,22 @@ def _summary_lines(a: dict, ev: dict | None, n_buckets: int, edges: list[int] | 
     last = loss[np.isfinite(loss)][-10:]
     lines = [
         f"{int(step[-1]):,} global steps, {int(a['epoch'].max()) + 1} epoch(s)",
-        f"{real.sum():,.0f} real tokens, {n_buckets} buckets",
+        f"{real.sum():,.0f} real tokens, {n_buckets} bucket{'s' if n_buckets != 1 else ''}",
         f"loss: first 10 steps {np.mean(first):.3f}, last 10 {np.mean(last):.3f}",
         f"padding efficiency {real.sum() / max(padded.sum(), 1.0):.3f}",
         f"median {np.nanmedian(tps) / 1e3:.1f} Ktok/s, {secs.sum() / 60:.1f} min of steps",
         *_eval_lines(ev),
+        *reference_lines(a, ev, reference or {}),
         "",
-        "step-to-step variance, debiased / raw",
-        f"(after the first quarter): {ratio:.2f}",
-        *reading_of(ratio, n_buckets),
     ]
+    if ranges and n_buckets < 2:
+        lines += range_lines(a, ranges)
+    else:
+        lines += [
+            "step-to-step variance, debiased / raw",
+            f"(after the first quarter): {ratio:.2f}",
+            *reading_of(ratio, n_buckets),
+        ]
     if edges:
         lines += ["", "edges: " + _wrap_edges(edges)]
     return lines
@@ -307,4 +336,5 @@ def draw_run(run_dir: str, out: str | None = None) -> str:
 
         evals = read_async_evals(fs, rdir, len(edges) - 1 if edges else 1)
     out = out or default_picture_path(run_dir)
-    return draw_history(history, out, title=name, edges=edges, evals=evals)
+    reference = run_reference(fs, path)
+    return draw_history(history, out, title=name, edges=edges, evals=evals, reference=reference)

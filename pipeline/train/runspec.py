@@ -27,6 +27,10 @@ class RunSpec:
     epochs: list[dict]  # per epoch: {"hash": plan hash, "metrics": {"epoch/...": ...}}
     run_dir: str  # the run's resolved storage directory: names its W&B run
     data_files: dict = field(default_factory=dict)  # per-shard digests (pipeline.core.manifest)
+    # Edges of the length ranges the training loss is split by ([]: none; core.length_ranges).
+    ranges: list[int] = field(default_factory=list)
+    # eval.reference_run's held-out curve (pipeline.train.reference.reference_curve; {}: none).
+    reference: dict = field(default_factory=dict)
 
     def steps_in(self, epoch: int) -> int:
         """The planned global steps of `epoch` (0 past the epochs the run reaches)."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
@@ -26,28 +27,41 @@ from pipeline.core.config import RunConfig
 from pipeline.core.metrics import BucketLossTracker
 from pipeline.core.runlength import run_length
 from pipeline.learn.checkpoint import DataPosition, global_batch_definition
-from pipeline.learn.logger import MetricLogger, NullLogger, run_id_for
+from pipeline.learn.horizon import SCHEDULE_STEPS
+from pipeline.learn.logger import ELAPSED_S, REAL_TOKENS, MetricLogger, NullLogger, run_id_for
 from pipeline.learn.loss import NonFiniteGuard
 from pipeline.learn.model_check import ModelBuildError, build_model_or_refuse
 from pipeline.learn.model_record import model_record
-from pipeline.learn.optim import build_optimizer, build_scheduler, optimizer_settings
+from pipeline.learn.optim import (
+    build_optimizer,
+    build_scheduler,
+    compiled,
+    master_weights,
+    optimizer_settings,
+)
 from pipeline.learn.packed_attention import require_packed_support
 from pipeline.train.checkpointing import Checkpointing, seed_worker
 from pipeline.train.evaluation import EvalBatchesFn, Evaluator, eval_line
 from pipeline.train.faults import maybe_fail
 from pipeline.train.history import EvalHistory, StepHistory
+from pipeline.train.prefetch import prefetch_batches
 from pipeline.train.progress import (
     SampleRecorder,
     Window,
     packed_step_metrics,
     progress_line,
+    range_metrics,
     step_metrics,
 )
+from pipeline.train.reference import reference_clause, reference_metrics
 from pipeline.train.runspec import BatchesFn, RunSpec, SaveFn, crossed
-from pipeline.train.step import GroupStats, all_reduce, train_group
+from pipeline.train.step import GroupStats, train_group
 from pipeline.train.stop import DriverGoneError
 
-__all__ = ["RunSpec", "Trainer", "UnusedParametersError", "seed_worker"]
+__all__ = ["PREFETCH_AHEAD", "RunSpec", "Trainer", "UnusedParametersError", "seed_worker"]
+
+# Micro-batches the stream prepares ahead of the step (at least one optimizer step's worth).
+PREFETCH_AHEAD = 2
 
 
 def _take(it: Iterator, n: int) -> tuple[list, float]:
@@ -104,7 +118,9 @@ class Trainer(Checkpointing):
         self.bf16 = t.bf16 == "on" or (t.bf16 == "auto" and spec.device.type == "cuda")
         # Same init on every rank (DDP also broadcasts rank 0's).
         torch.manual_seed(t.seed)
-        self.model = build_model_or_refuse(cfg.model, max_positions=spec.edges[-1]).to(spec.device)
+        model = build_model_or_refuse(cfg.model, max_positions=spec.edges[-1])
+        # fp32 master weights whatever the checkpoint's dtype: bf16 only through autocast.
+        self.model = master_weights(model, cfg.model).to(spec.device)
         self.row_tokens = getattr(cfg.batching, "row_tokens", 0)  # packed rows; 0: padded
         if self.row_tokens:
             try:
@@ -119,7 +135,12 @@ class Trainer(Checkpointing):
             )
         self.optimizer = build_optimizer(self.model, t)
         self.scheduler = build_scheduler(self.optimizer, t, length.optimizer_steps)
-        self.settings = optimizer_settings(t, length.optimizer_steps)
+        # The schedule's horizon is recorded too: a resume under another run length is checked
+        # against it (pipeline.learn.horizon).
+        self.settings = {
+            **optimizer_settings(t, length.optimizer_steps),
+            SCHEDULE_STEPS: length.optimizer_steps,
+        }
         self.tracker = BucketLossTracker(len(spec.edges) - 1)
         self.guard = NonFiniteGuard(t.max_nonfinite_steps)
         self.position = DataPosition(
@@ -136,6 +157,8 @@ class Trainer(Checkpointing):
         self.history = StepHistory()  # rank 0's record of every global step, saved in checkpoints
         self.evals = EvalHistory()  # every held-out evaluation, saved in checkpoints
         self.validate_next = False  # eval.mode=async: the next checkpoint is to be evaluated
+        self.stop_flags = np.zeros(2)  # the last step's (asked, driver gone), summed over ranks
+        self.driver_gone: DriverGoneError | None = None  # this rank's own finding
         self.last_step_end = time.perf_counter()
 
     def steps_in(self, epoch: int) -> int:
@@ -158,6 +181,8 @@ class Trainer(Checkpointing):
             if use_ddp
             else self.model
         )
+        if self.cfg.train.compile:  # the step's forward; checkpoints save the plain self.model
+            self.ddp = compiled(self.ddp)
         self.run_t0, self.run_steps0 = time.perf_counter(), self.steps_done
         self.last_step_end = self.run_t0
         status = "done"
@@ -189,26 +214,15 @@ class Trainer(Checkpointing):
         if start == 0:
             metrics = {"epoch/index": epoch, **self.spec.epochs[epoch]["metrics"]}
             self.logger.log(metrics, step=self.steps_done)
-        it, last_step = batches(epoch, start), start - 1
-        while self.steps_done < self.total_steps:
-            group, wait_s = _take(
-                it, min(self.cfg.train.grad_accum, self.total_steps - self.steps_done)
-            )
-            if not group:
-                break
-            before = self.steps_done
-            stats = self.step(group, epoch, wait_s)
-            self.maybe_log(stats, before, epoch)
-            last_step = stats.steps[-1]
-            self.maybe_evaluate(before, epoch, epoch_end=last_step == S - 1)
-            due = self.checkpoint_due(before, epoch, last_step + 1)
-            stop = self.stop_requested(fresh=due)  # a driver gone: no checkpoint nobody registers
-            self.maybe_checkpoint(before, epoch, last_step + 1, stop=stop)
-            maybe_fail(self.steps_done, self.spec.rank)
-            if stop:
-                return False
-            if last_step == S - 1:
-                return True
+        # The stream runs ahead on a thread of its own (collation, pinning, the copy to the
+        # device), closed on every way out of the epoch.
+        ahead = max(PREFETCH_AHEAD, self.cfg.train.grad_accum)
+        with prefetch_batches(batches(epoch, start), device=self.spec.device, ahead=ahead) as it:
+            last_step = self.train_steps(it, epoch, start - 1)
+        if last_step is None:
+            return False
+        if last_step == S - 1:
+            return True
         if self.steps_done < self.total_steps:
             raise RuntimeError(
                 f"the data layer ended epoch {epoch} on rank {self.spec.rank} after step "
@@ -216,14 +230,58 @@ class Trainer(Checkpointing):
             )
         return True
 
-    def step(self, group: list, epoch: int, wait_s: float = 0.0) -> GroupStats:
-        """One optimizer step over `group` (one micro-batch per global step)."""
+    def train_steps(self, it: Iterator, epoch: int, last_step: int) -> int | None:
+        """Optimizer steps over `it` to the epoch's or the run's end: the last global step
+        trained (the stream may end early), None when a stop request ended the run."""
+        S = self.steps_in(epoch)
+        while self.steps_done < self.total_steps:
+            group, wait_s = _take(
+                it, min(self.cfg.train.grad_accum, self.total_steps - self.steps_done)
+            )
+            if not group:
+                break
+            before = self.steps_done
+            # Before a checkpoint the stop poll asks afresh: a driver gone means no checkpoint
+            # that nobody would register (the conditions of checkpoint_due, after this group).
+            after = before + len(group)
+            fresh = (
+                group[-1].step == S - 1
+                or after == self.total_steps
+                or crossed(before, after, self.cfg.checkpoint.every_steps)
+            )
+            stats = self.step(group, epoch, wait_s, fresh_stop=fresh)
+            self.maybe_log(stats, before, epoch)
+            last_step = stats.steps[-1]
+            self.maybe_evaluate(before, epoch, epoch_end=last_step == S - 1)
+            stop = self.stop_requested()
+            self.maybe_checkpoint(before, epoch, last_step + 1, stop=stop)
+            maybe_fail(self.steps_done, self.spec.rank)
+            if stop:
+                return None
+            if last_step == S - 1:
+                break
+        return last_step
+
+    def step(
+        self, group: list, epoch: int, wait_s: float = 0.0, *, fresh_stop: bool = False
+    ) -> GroupStats:
+        """One optimizer step over `group` (one micro-batch per global step). Its one
+        host-device synchronisation brings back the step's figures, the gradient norm and every
+        rank's stop flags together (`train_group`); rank 0's stop poll runs while the device
+        computes the backward."""
         t, spec = self.cfg.train, self.spec
-        stats = train_group(
-            self.ddp, group, device=spec.device, world_size=spec.world, bf16=self.bf16
-        )
         clip = t.grad_clip if t.grad_clip > 0 else float("inf")
-        self.grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        stats = train_group(
+            self.ddp,
+            group,
+            device=spec.device,
+            world_size=spec.world,
+            bf16=self.bf16,
+            clip=(self.model.parameters(), clip),
+            extra=lambda: self.poll_stop(fresh_stop),
+            ranges=spec.ranges,
+        )
+        self.grad_norm, self.stop_flags = stats.grad_norm, stats.extra
         self.lr = self.scheduler.get_last_lr()[0]
         losses = [stats.step_loss(i) for i in range(len(group))]
         finite = self.guard.check(
@@ -253,6 +311,7 @@ class Trainer(Checkpointing):
         now = time.perf_counter()
         per_step_s = (now - self.last_step_end) / len(group)
         self.last_step_end = now
+        self.history.range_edges = self.history.range_edges or list(spec.ranges)
         for i, b in enumerate(stats.buckets):
             self.history.append(
                 step=self.steps_done - len(group) + i + 1,
@@ -264,6 +323,8 @@ class Trainer(Checkpointing):
                 real=float(stats.real[i]),
                 padded=float(stats.padded[i]),
                 seconds=per_step_s,
+                range_loss=stats.range_loss[i] if spec.ranges else (),
+                range_tokens=stats.range_tokens[i] if spec.ranges else (),
             )
         self.recorder.record(epoch, stats)
         self.window.add(stats, wait_s)
@@ -277,6 +338,8 @@ class Trainer(Checkpointing):
         m = step_metrics(
             stats, lr=self.lr, grad_norm=self.grad_norm, debiased=self.debiased, epoch=epoch
         )
+        m.update(range_metrics(stats, self.spec.ranges))
+        m.update(self.axes())
         m.update(self.window.metrics())
         if self.row_tokens:
             m.update(packed_step_metrics(stats, self.row_tokens))
@@ -318,27 +381,42 @@ class Trainer(Checkpointing):
         m = self.evaluator.run(self.model)
         done, secs = self.steps_done, m["eval/seconds"]
         self.evals.append(done, epoch, m, self.evaluator.num_buckets, secs)
-        self.logger.log(m, step=done)
+        axes = self.axes()
+        m.update(reference_metrics(self.spec.reference, axes[REAL_TOKENS], m["eval/loss"]))
+        self.logger.log({**m, **axes}, step=done)
         if self.spec.rank == 0:
-            print(eval_line(done, epoch, m), flush=True)
+            line = eval_line(done, epoch, m) + reference_clause(self.spec.reference, m)
+            print(line, flush=True)
         self.window.t0 += secs
         self.last_step_end += secs
         return m
 
-    def stop_requested(self, fresh: bool = False) -> bool:
-        """Whether any rank was asked to stop: all ranks all-reduce it, so all stop together.
-        A rank whose poll finds the driver gone (DriverGoneError) makes every rank raise it,
-        before any checkpoint; `fresh` asks the poller now rather than at its own pace."""
+    def axes(self) -> dict[str, float]:
+        """Where the run is in real tokens and seconds of training steps (W&B's x axes,
+        `pipeline.learn.logger.define_axes`), from the step history: the same after a resume."""
+        return {
+            REAL_TOKENS: float(np.sum(self.history.rows["real"])),
+            ELAPSED_S: float(np.sum(self.history.rows["seconds"])),
+        }
+
+    def poll_stop(self, fresh: bool = False) -> tuple[float, float]:
+        """This rank's (asked to stop, found the driver gone) for the step's all-reduce;
+        `fresh` asks the poller now rather than at its own pace."""
+        self.driver_gone = None
         if self.stop is None:
-            return False
-        asked, gone = 0.0, None
+            return 0.0, 0.0
         try:
             ask = getattr(self.stop, "fresh", None) if fresh else None
-            asked = 1.0 if (ask or self.stop)() else 0.0
+            return (1.0 if (ask or self.stop)() else 0.0), 0.0
         except DriverGoneError as e:
-            gone = e
-        flag = torch.tensor([asked, 0.0 if gone is None else 1.0], device=self.spec.device)
-        flag = all_reduce(flag)
-        if flag[1].item() > 0:
-            raise gone or DriverGoneError("another rank found the run's driver gone")
-        return bool(flag[0].item() > 0)
+            self.driver_gone = e
+            return 0.0, 1.0
+
+    def stop_requested(self) -> bool:
+        """Whether any rank was asked to stop at the last step: the flags were summed over all
+        ranks with the step's figures, so all stop together. A rank whose poll found the driver
+        gone (DriverGoneError) makes every rank raise it, before any checkpoint."""
+        asked, gone = (float(v) for v in self.stop_flags)
+        if gone > 0:
+            raise self.driver_gone or DriverGoneError("another rank found the run's driver gone")
+        return asked > 0

@@ -58,6 +58,8 @@ def _submit(head: dict, tmp: Path, max_steps: int) -> subprocess.CompletedProces
         "batching.token_budget=1024",
         "train.epochs=1",
         f"train.max_steps={max_steps}",
+        # the second submission trains longer: its schedule continues the checkpoint's
+        "train.on_schedule_change=keep",
         "train.log_every=5",
         "wandb.mode=disabled",
         f"checkpoint.storage_path={tmp / 'runs'}",

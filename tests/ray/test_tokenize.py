@@ -84,7 +84,7 @@ def test_tokenize_counts_every_skipped_document_and_keeps_ids_stable(cluster, tm
         ("sub/b.parquet", 0, "runs far"),
         ("c.txt", 0, "brown fox\njumps over"),
     ]:
-        assert got[stable_id(rel, row)] == tok.encode(text).ids
+        assert got[stable_id(str(src), rel, row)] == tok.encode(text).ids  # root, path, row
     assert png.stat().st_size > 1000
     assert json.loads((tmp_path / "out" / "_bucketray_tokenize.json").read_text())["samples"] == 4
 
@@ -97,6 +97,47 @@ def test_tokenize_counts_every_skipped_document_and_keeps_ids_stable(cluster, tm
     t = _read(tmp_path / "out")
     t2 = dict(zip(t["sample_id"].to_pylist(), t["input_ids"].to_pylist(), strict=True))
     assert s2["samples"] == 5 and {k: t2[k] for k in got} == got
+
+
+def test_heldout_writes_a_validation_split_by_source_file_with_a_clean_console(
+    cluster, tmp_path, capfd
+):
+    """--heldout: whole files held out as split validation beside split train (what the demo
+    config's eval.split: validation reads), held-out documents repeating a training document's
+    tokens dropped and counted, and a console of whole lines without Ray's logging."""
+    _tokenizer(tmp_path / "tokenizer.json")
+    src = tmp_path / "corpus"
+    src.mkdir()
+    for i in range(10):
+        docs = _docs(20, seed=i) + ["the lazy dog"]  # one document in every file
+        (src / f"part{i}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    capfd.readouterr()
+    s = tokenize_main(
+        ["--input", str(src), "--tokenizer", str(tmp_path / "tokenizer.json")]
+        + ["--out", str(tmp_path / "mine"), "--heldout", "0.2"]
+    )
+    out, err = capfd.readouterr()
+    held = s["heldout_files"]
+    assert len(held) == 2 and s["heldout_duplicates_dropped"] == len(held)
+    assert s["heldout_samples"] == 20 * len(held) and s["train_samples"] == 21 * (10 - len(held))
+    train, val = (
+        _read_split(tmp_path / "mine", "train"),
+        _read_split(tmp_path / "mine", "validation"),
+    )
+    assert train.num_rows == s["train_samples"] and val.num_rows == s["heldout_samples"]
+    assert not set(train["sample_id"].to_pylist()) & set(val["sample_id"].to_pylist())
+    assert not set(map(tuple, val["input_ids"].to_pylist())) & set(
+        map(tuple, train["input_ids"].to_pylist())
+    )
+    # The console: whole lines, no Ray logging (INFO lines, core_worker errors), no \r.
+    assert "\r" not in err and "INFO" not in err and "core_worker" not in err, err
+    assert "Deprecat" not in err and "logging_progress" not in err, err
+    assert err.strip().splitlines()[-1].startswith("tokenize: 10/10 files"), err
+    assert "split validation" in out and "eval.split: validation" in out
+
+
+def _read_split(d, split: str) -> pa.Table:
+    return pa.concat_tables([pq.read_table(p) for p in sorted(d.glob(f"{split}-*.parquet"))])
 
 
 def test_tokenize_user_errors_are_one_line(cluster, tmp_path, capsys):

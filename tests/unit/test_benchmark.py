@@ -21,7 +21,6 @@ from bench.runs import run_summary
 from bench.training import (
     DEFAULT_BATCHING,
     POLICIES,
-    gpu_row,
     policy_overrides,
     scaled_edges,
     scaled_lengths,
@@ -162,17 +161,6 @@ def test_run_summary_totals_tokens_over_timed_steps():
     assert s["steps_per_s"] == pytest.approx(10.0)
     assert s["padding_efficiency"] == pytest.approx(0.9)
     assert s["num_buckets"] == 3
-
-
-def test_the_gpu_row_says_where_its_metrics_would_be(tmp_path):
-    absent = str(tmp_path / "absent.jsonl")
-    assert gpu_row(absent) == {"skipped": f"{absent} not found", "metrics_file": absent}
-    rng = np.random.default_rng(0)
-    (tmp_path / "m.jsonl").write_text(
-        "\n".join(json.dumps(x) for x in _fake_metrics(rng, 10, 500.0, 2)) + "\n"
-    )
-    row = gpu_row(str(tmp_path / "m.jsonl"))
-    assert row["real_tokens_per_s"] == pytest.approx(500.0) and "loss" not in row
 
 
 def test_recomposition_section_scores_the_padding_tables_edges(lengths, padding):

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from pipeline.core.collate import IGNORE_INDEX, collate
 from pipeline.core.config import ModelConfig
 from pipeline.core.packed_collate import collate_packed
+from pipeline.learn import length_groups as grouping
 from pipeline.learn import packed_attention
 from pipeline.learn.factory import build_model
 from pipeline.learn.loss import supervised_tokens, token_sums
@@ -214,7 +215,7 @@ def test_grouped_attention_equals_the_block_mask_path_in_outputs_and_gradients(
 
 def _group_cost(shapes):
     return sum(
-        n * (L * (L + 1) / 2 + packed_attention.COST_PER_SLOT * L) + packed_attention.COST_PER_CALL
+        n * (L * (L + 1) / 2 + grouping.COST_PER_SLOT * L) + grouping.COST_PER_CALL
         for n, L in shapes
     )
 
@@ -243,7 +244,7 @@ def test_group_bounds_are_the_least_cost_split_of_the_sorted_lengths(seed):
     rng = np.random.default_rng(seed)
     lengths = np.unique(rng.integers(1, 400, int(rng.integers(1, 9))))
     counts = rng.integers(1, 6, lengths.size)
-    ends = packed_attention._group_bounds(lengths, counts)
+    ends = grouping._group_bounds(lengths, counts)
     assert ends[-1] == lengths.size and ends == sorted(set(ends))
 
     def cost(ends):

@@ -1,7 +1,7 @@
 """Packed rows and Hugging Face attention variants: a sliding window (one for every layer, or
 per layer type) is applied within each document, so packed logits equal each document alone;
-attention a per-document mask cannot confine (ALiBi, chunked, local, recurrent or linear layers)
-is refused in one line naming the key, on the driver before any worker starts and in the
+attention that per-document attention cannot confine or compute (ALiBi, chunked, local,
+recurrent or linear layers, soft-capped scores) is refused in one line naming the key, on the driver before any worker starts and in the
 worker; an architecture no check knows is caught by one packed forward against the documents
 alone."""
 
@@ -14,7 +14,7 @@ import pipeline.learn.factory as factory
 from pipeline.core.config import ConfigError
 from pipeline.learn.factory import build_model
 from pipeline.learn.model_check import ModelBuildError
-from pipeline.learn.packed_attention import block_causal_mask, require_packed_support
+from pipeline.learn.packed_attention import Documents, block_causal_mask, require_packed_support
 from pipeline.train.preflight import check_before_start
 from tests.helpers import TINY_LLAMA, tiny_config
 from tests.unit.test_packed_attention import (
@@ -37,11 +37,12 @@ WINDOWED = {
         "sliding_window": WINDOW,
         "max_window_layers": 1,
     },
-    "gemma2": {  # eager attention (soft-capping): the additive masks
+    "gemma2": {  # its own scaling (query_pre_attn_scalar); soft-capping is refused below
         "model_type": "gemma2",
         "sliding_window": WINDOW,
         "head_dim": 8,
         "query_pre_attn_scalar": 8,
+        "attn_logit_softcapping": None,
     },
     "cohere2": {
         "model_type": "cohere2",
@@ -50,8 +51,12 @@ WINDOWED = {
     },
     "starcoder2": {"model_type": "starcoder2", "sliding_window": WINDOW},
 }
-# Attention that a packed row's mask cannot confine to a document, and what the line names.
+# Attention that per-document attention cannot confine or compute, and what the line names.
 UNCONFINED = {
+    "gemma2-softcap": (
+        {**BASE, "model_type": "gemma2", "head_dim": 8, "attn_logit_softcapping": 50.0},
+        "soft-caps attention scores",
+    ),
     "bloom": ({"model_type": "bloom", "hidden_size": 32, "n_layer": 1, "n_head": 4}, "ALiBi"),
     "mpt": ({"model_type": "mpt", "d_model": 32, "n_layers": 1, "n_heads": 4}, "ALiBi"),
     "falcon-alibi": (
@@ -138,9 +143,8 @@ def test_the_worker_refuses_an_alibi_model_before_its_forward_pass(arch):
 def test_a_model_whose_attention_crosses_documents_is_caught_by_one_packed_forward(monkeypatch):
     model = _hf(TINY_LLAMA)
     require_packed_support(model)
-    mask = factory.hf_packed_mask
     # as if the model ignored the documents of the mask it is given
-    monkeypatch.setattr(factory, "hf_packed_mask", lambda doc, *a: mask(torch.ones_like(doc), *a))
+    monkeypatch.setattr(factory, "packed_documents", lambda doc: Documents(torch.ones_like(doc)))
     with pytest.raises(ValueError, match=r"a document packed behind another gets other logits"):
         require_packed_support(model)
 

@@ -1,0 +1,174 @@
+"""Why a training loss is jumpy: its step-to-step variance taken apart (pure numpy).
+
+The step loss is modelled as
+
+    loss_t = trend_t + composition_t + rest_t
+
+- trend: a smooth curve through the run (a cubic in the step, fitted by least squares), what the
+  learning-rate schedule and learning itself move slowly;
+- composition: what the step's mix of lengths adds. Each group (the step's bucket, or for
+  packed rows each document length range) has an offset from the trend, estimated near the step
+  from the group's other steps (a window of steps, the step itself left out, so the estimate
+  never absorbs the step's own noise) and shrunk towards 0 by the share of it that is noise;
+  the step's composition is its groups' offsets weighted by
+  their share of its tokens, centred on the run's average mix. A bucketed step is one group; a
+  packed step holds every range, and only the deviation of its mix from the average counts;
+- rest: what neither explains (sampling noise, the optimiser's own steps, data quirks).
+
+Variances are of first differences (step to step), as `metrics.readability_ratio` measures
+them, after the first quarter of the run (warm-up and the steepest fall, where no offset is
+known yet). The shares are sequential: the schedule's is the variance the trend's removal
+removes, the composition's what removing the composition then removes, the rest what is left;
+they add up to 1. A part can come out slightly negative where removing it adds noise: that
+reads as "none". On short runs (tens of steps per bucket) the composition's share is
+understated, never overstated: its offsets are shrunk (tests/unit/test_jumpiness.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+__all__ = ["Jumpiness", "decompose", "decompose_steps"]
+
+TREND_DEGREE = 3  # of the trend's polynomial in the step: smooth over a run's remaining steps
+MIN_STEPS = 12  # analysed steps below which nothing is said
+
+
+@dataclass(frozen=True)
+class Jumpiness:
+    """Shares of the step-to-step variance of the training loss (adding up to 1)."""
+
+    steps: int  # steps analysed (after the first quarter)
+    variance: float  # of the loss's step-to-step change
+    schedule: float
+    composition: float
+    rest: float
+    groups: str  # what composition means here: "buckets", "length ranges" or "none"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def lines(self) -> list[str]:
+        """The reading in a few short lines (console, picture)."""
+        if not np.isfinite(self.variance):
+            return ["jumpiness: too few steps to take apart"]
+        by = {"buckets": "bucket offsets", "length ranges": "length mix"}.get(self.groups)
+        comp = f"{_pct(self.composition)} composition ({by})" if by else "no composition"
+        return [
+            f"step-to-step loss variance ({self.steps} steps):",
+            f"  {comp},",
+            f"  {_pct(self.schedule)} schedule (smooth trend), {_pct(self.rest)} rest",
+        ]
+
+
+def _pct(x: float) -> str:
+    return f"{100 * max(x, 0.0):.0f}%"
+
+
+def _trend(y: np.ndarray) -> np.ndarray:
+    """Least-squares cubic (at most) in the step, over the steps given."""
+    n = y.size
+    tau = np.linspace(-1.0, 1.0, n)
+    X = np.vander(tau, min(TREND_DEGREE, n - 1) + 1)
+    coef, *_ = np.linalg.lstsq(X, y, rcond=None)
+    return X @ coef
+
+
+def _windowed(values: np.ndarray, weights: np.ndarray, half: int):
+    """Per step and group: (the weighted mean of `values` over the steps within `half` of it,
+    the step itself left out, NaN where no other step of the group is near; their weight)."""
+    v = np.where(weights > 0, np.nan_to_num(values) * weights, 0.0)
+    cs = np.vstack([np.zeros((1, v.shape[1])), np.cumsum(v, axis=0)])
+    cw = np.vstack([np.zeros((1, v.shape[1])), np.cumsum(weights, axis=0)])
+    n = v.shape[0]
+    lo = np.clip(np.arange(n) - half, 0, n)
+    hi = np.clip(np.arange(n) + half + 1, 0, n)
+    s, w = cs[hi] - cs[lo] - v, cw[hi] - cw[lo] - weights
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(w > 1e-12, s / np.where(w > 1e-12, w, 1.0), np.nan), w
+
+
+def _offsets(resid: np.ndarray, weights: np.ndarray, half: int) -> np.ndarray:
+    """Each group's offset from the trend near each step: the left-out window mean of its
+    residuals, shrunk towards 0 by how much of it is noise (an offset from n steps of noise
+    variance s2 has variance s2 / n; the offsets' own spread tau2 is what their estimates vary
+    beyond that), so groups that do not differ get ~0, not a noisy offset that adds variance."""
+    near, n = _windowed(resid, weights, half)
+    seen = weights > 0
+    dev = np.where(seen, resid - np.nan_to_num(near), 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        inflate = np.where(n > 1e-12, 1.0 + 1.0 / np.where(n > 1e-12, n, 1.0), np.nan)
+        ok = seen & np.isfinite(near) & np.isfinite(inflate)
+        s2 = float(np.sum(weights[ok] * dev[ok] ** 2 / inflate[ok]) / max(weights[ok].sum(), 1e-12))
+        noise = np.where(n > 1e-12, s2 / np.where(n > 1e-12, n, 1.0), np.inf)
+    mix = weights.mean(axis=0)
+    off = np.nan_to_num(near)
+    centre = (off * mix).sum(axis=1, keepdims=True)
+    spread = float(np.mean(((off - centre) ** 2 * mix).sum(axis=1)))
+    mean_noise = float(np.mean((np.where(np.isfinite(noise), noise, 0.0) * mix).sum(axis=1)))
+    tau2 = max(spread - mean_noise, 0.0)
+    return off * (tau2 / (tau2 + noise)) if tau2 > 0 else np.zeros_like(off)
+
+
+def decompose(
+    loss: np.ndarray, weights: np.ndarray, group_loss: np.ndarray, *, groups: str = "buckets"
+) -> Jumpiness:
+    """Take apart the step-to-step variance of `loss` [T] (every step of a run, in order).
+
+    `weights` [T, G]: each step's share of its supervised tokens in each group (rows add up to
+    1); `group_loss` [T, G]: each group's token-mean loss in the step (anything where the
+    weight is 0). One group (or none): no composition. Steps whose loss is not finite are left
+    out. The first quarter of the steps is not analysed (module docstring)."""
+    y = np.asarray(loss, np.float64)
+    W = np.asarray(weights, np.float64).reshape(y.size, -1)
+    L = np.asarray(group_loss, np.float64).reshape(y.size, -1)
+    keep = np.isfinite(y) & np.isfinite(W).all(axis=1)
+    y, W, L = y[keep], W[keep], L[keep]
+    y, W, L = y[y.size // 4 :], W[y.size // 4 :], L[y.size // 4 :]
+    W = np.where(np.isfinite(L), W, 0.0)
+    T = y.size
+    kind = groups if W.shape[1] > 1 else "none"
+    if T < MIN_STEPS:
+        return Jumpiness(T, float("nan"), float("nan"), float("nan"), float("nan"), kind)
+    # Half the analysed run each side: offsets estimated from many steps (on known series a
+    # narrower window lost more to noise than it gained by following offsets that drift).
+    half = max(8, T // 2)
+    comp = np.zeros(T)
+    for _ in range(3):  # the trend without the composition, the offsets without the trend
+        trend = _trend(y - comp)
+        if W.shape[1] > 1:
+            off = _offsets(L - trend[:, None], W, half)
+            off -= (off * W.mean(axis=0)).sum(axis=1, keepdims=True)  # the average mix adds 0
+            comp = (W * off).sum(axis=1)
+    v0 = float(np.var(np.diff(y)))
+    v1 = float(np.var(np.diff(y - trend)))
+    v2 = float(np.var(np.diff(y - trend - comp)))
+    if v0 <= 0:
+        return Jumpiness(T, v0, 0.0, 0.0, 0.0, kind)
+    return Jumpiness(T, v0, (v0 - v1) / v0, (v1 - v2) / v0, v2 / v0, kind)
+
+
+def decompose_steps(
+    loss: np.ndarray,
+    bucket: np.ndarray,
+    range_loss: np.ndarray | None = None,
+    range_tokens: np.ndarray | None = None,
+) -> Jumpiness:
+    """`decompose` from a run's step history: the length ranges' sums where the run recorded
+    them (every step mixes every length), else each step's bucket (one group per step)."""
+    y = np.asarray(loss, np.float64)
+    if range_loss is not None and range_tokens is not None and np.size(range_tokens):
+        tok = np.asarray(range_tokens, np.float64)
+        total = tok.sum(axis=1, keepdims=True)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            W = tok / np.where(total > 0, total, np.nan)
+            L = np.asarray(range_loss, np.float64) / np.where(tok > 0, tok, np.nan)
+        return decompose(y, W, L, groups="length ranges")
+    b = np.asarray(bucket, np.int64)
+    G = int(b.max()) + 1 if b.size else 1
+    W = np.zeros((y.size, G))
+    W[np.arange(y.size), b] = 1.0
+    L = np.where(W > 0, y[:, None], np.nan)
+    return decompose(y, W, L, groups="buckets")

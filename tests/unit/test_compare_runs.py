@@ -1,0 +1,99 @@
+"""Runs compared at equal tokens and time from their run directories alone: the standing, the
+verdict's sign and size, the warnings on different held-out sets or models, JSON and picture."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from jobs.compare_runs import main as compare_runs
+from pipeline.core.compare import Curve, reached_at, standing
+from pipeline.train.history import EvalHistory, StepHistory
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _loss(tokens: np.ndarray, speed: float) -> np.ndarray:
+    """A held-out curve falling with tokens; `speed` > 1 learns faster per token."""
+    return 2.0 + 2.0 * np.exp(-speed * tokens / 4e5)
+
+
+def _run(tmp_path, name, *, step_tokens, speed, step_s=0.5, digest="d1", model=None, steps=80):
+    """A run directory with one complete checkpoint: history, evaluations, config, held-out."""
+    rdir = tmp_path / name
+    ck = rdir / f"checkpoint_step{steps:08d}"
+    ck.mkdir(parents=True)
+    position = {"version": 1, "epoch": 0, "next_step": steps, "plan_hash": "x", "world_size": 1,
+                "global_batch": {"buckets.edges": [0, 512]}, "steps_done": steps,
+                "data_files": {}}  # fmt: skip
+    (ck / "state.json").write_text(json.dumps({"version": 1, "position": position}))
+    (ck / "run_config.json").write_text(json.dumps({"model": model or {"d_model": 128}}))
+    h, ev = StepHistory(), EvalHistory()
+    rng = np.random.default_rng(len(name))
+    for s in range(1, steps + 1):
+        y = float(_loss(np.array(s * step_tokens), speed)) + rng.normal(0, 0.02)
+        h.append(step=s, epoch=0, bucket=0, loss=y, debiased=y, lr=1e-3, real=step_tokens,
+                 padded=step_tokens, seconds=step_s)  # fmt: skip
+    for s in range(0, steps + 1, 10):
+        y = float(_loss(np.array(s * step_tokens), speed))
+        ev.append(s, 0, {"eval/loss": y, "eval/accuracy": 0.3, "eval/loss_per_sample": y,
+                         "eval/tokens": 1e4, "eval/samples": 100.0}, 1, 1.0)  # fmt: skip
+    h.write(str(ck))
+    ev.write(str(ck))
+    if digest is not None:
+        (rdir / "heldout.json").write_text(json.dumps({"digest": digest}))
+    return str(rdir)
+
+
+def test_a_curve_is_read_between_its_evaluations_and_never_past_them():
+    c = Curve.of([0, 10, 20], [4.0, 3.0, 2.0])
+    assert c.at(15) == 2.5 and np.isnan(c.at(21))
+    ref = Curve.of([0, 10, 30], [4.0, 3.5, 2.5])
+    s = standing(c, ref)
+    assert s.at == 20 and s.run == 2.0 and s.reference == pytest.approx(3.0) and s.diff < 0
+    assert reached_at(c, 2.5) == 15.0 and np.isnan(reached_at(c, 1.0))
+
+
+def test_the_faster_run_is_better_at_equal_tokens_and_reaches_the_loss_sooner(tmp_path, capsys):
+    fast = _run(tmp_path, "fast", step_tokens=16384, speed=1.5)
+    slow = _run(tmp_path, "slow", step_tokens=8192, speed=1.0, step_s=0.3)
+    out = tmp_path / "cmp.json"
+    assert compare_runs([fast, slow, "--json", str(out), "--out", str(tmp_path / "c.png")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("fast against slow: held-out") and " better (" in lines[0]
+    assert "sooner" in lines[0] and not any(x.startswith("warning") for x in lines)
+    c = json.loads(out.read_text())["comparisons"][0]
+    last = 80 * 8192  # the slow run's last evaluation: the last common token count
+    tok = c["equal_tokens"]
+    assert tok["at"] == last
+    want = _loss(np.array(last), 1.5) - _loss(np.array(last), 1.0)
+    assert tok["diff"] == pytest.approx(float(want), abs=2e-3)
+    assert c["reach"]["tokens_ratio"] < 1
+    assert (tmp_path / "c.png").read_bytes().startswith(PNG)
+    # Measured the other way round, the same gap with the other sign.
+    assert compare_runs([slow, fast, "--json", str(out)]) == 0
+    back = json.loads(out.read_text())["comparisons"][0]["equal_tokens"]
+    assert back["diff"] == pytest.approx(-tok["diff"], abs=1e-9)
+    assert "worse" in capsys.readouterr().out.splitlines()[0]
+
+
+def test_different_held_out_sets_or_models_are_compared_with_a_warning(tmp_path, capsys):
+    a = _run(tmp_path, "a", step_tokens=16384, speed=1.2)
+    b = _run(tmp_path, "b", step_tokens=16384, speed=1.0, digest="other")
+    c = _run(tmp_path, "c", step_tokens=16384, speed=1.0, model={"d_model": 256})
+    d = _run(tmp_path, "d", step_tokens=16384, speed=1.0, digest=None)
+    assert compare_runs([a, b, c, d]) == 0
+    out = capsys.readouterr().out
+    assert "a against b:" in out and "different held-out sets" in out
+    assert "train different models (model.d_model)" in out
+    assert "d has no held-out record" in out
+
+
+def test_compare_runs_refuses_what_it_cannot_read_in_one_line(tmp_path, capsys):
+    a = _run(tmp_path, "a", step_tokens=16384, speed=1.2)
+    assert compare_runs([a]) == 2
+    assert compare_runs([a, str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: no complete checkpoint under")
