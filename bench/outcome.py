@@ -48,6 +48,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bench.common import DEMO_CONFIG, torch_threads, write_json
+from bench.outcome_policies import LABELS, POLICIES, ROW_GROUP_ROWS
 from bench.plots import plot_outcome
 from bench.training import scaled_edges
 from pipeline.core.config import RunConfig, load_config
@@ -66,32 +67,6 @@ __all__ = [
 ]
 
 HELDOUT = 0.07
-# name -> overrides of the demo config; the first is the time reference.
-POLICIES = {
-    "sorted": ["plan.policy=sorted", "buckets.edges=[0,{top}]"],
-    "random": ["plan.policy=random", "buckets.edges=[0,{top}]"],
-    "megabatch": ["plan.policy=megabatch", "buckets.edges=[0,{top}]"],
-    "sorted_ascending": ["plan.policy=sorted_ascending", "buckets.edges=[0,{top}]"],
-    "team": ["buckets.edges={team}"],
-    "bucketed": ["buckets.num_buckets=8"],  # the demo's former default
-    "auto": ["buckets.num_buckets=auto"],
-    "packed": [
-        "batching.mode=packed",
-        "batching.row_tokens=2048",
-        "batching.rows_per_step=8",
-        "buckets.num_buckets=auto",
-    ],
-}
-LABELS = {
-    "sorted": "sorted-static (fixed batches, order shuffled)",
-    "random": "random",
-    "megabatch": "megabatch (HF group_by_length)",
-    "sorted_ascending": "sorted, shortest first every epoch",
-    "team": "team's six edges (scaled)",
-    "bucketed": "bucketed, 8 optimal edges",
-    "auto": "bucketed, auto edges",
-    "packed": "packed rows (2,048 x 8; the demo default)",
-}
 
 
 @dataclass(frozen=True, eq=False)
@@ -147,7 +122,14 @@ def policy_config(
     8 rows of 2,048 tokens, about as many real tokens), `epochs` epochs, the held-out loss every
     `eval_every` steps."""
     top = corpus.top
-    per = [o.format(top=top, team=str(scaled_edges(top)).replace(" ", "")) for o in POLICIES[name]]
+    tokens = int(corpus.lengths.sum())
+    fill = {
+        "top": top,
+        "team": str(scaled_edges(top)).replace(" ", ""),
+        "w4": tokens // 4 + 1,
+        "w16": tokens // 16 + 1,
+    }
+    per = [o.format(**fill) for o in POLICIES[name]]
     shared = [
         f"data.path={corpus.held_out.path}",  # not read: the rows are in memory
         "data.split=train",
@@ -168,7 +150,14 @@ def policy_config(
 
 
 def _plans(cfg: RunConfig, corpus: Corpus, edges):
-    index = SimpleNamespace(lengths=corpus.lengths, sample_ids=corpus.sample_ids)
+    n = corpus.lengths.size
+    index = SimpleNamespace(
+        lengths=corpus.lengths,
+        sample_ids=corpus.sample_ids,
+        file_idx=np.zeros(n, dtype=np.int64),
+        rows=np.arange(n, dtype=np.int64),
+        row_groups=([min(ROW_GROUP_ROWS, n - a) for a in range(0, n, ROW_GROUP_ROWS)],),
+    )
     return [epoch_plan_for(cfg, index, edges, e, 1) for e in range(cfg.train.epochs)]
 
 

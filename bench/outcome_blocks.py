@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.outcome import LABELS, speed_vs_sorted, summarize
+from bench.outcome import speed_vs_sorted, summarize
+from bench.outcome_policies import LABELS
 from bench.table_blocks import columns
 
 __all__ = ["headline", "optimisation", "ran", "time"]

@@ -22,6 +22,7 @@ from pathlib import Path
 from bench import gpu_blocks as gb
 from bench import outcome_blocks as ob
 from bench import table_blocks as tb
+from bench import windows as bw
 from bench.outcome import speed_vs_sorted
 from bench.table_blocks import columns, ran_on
 
@@ -146,6 +147,8 @@ BLOCKS: dict[str, tuple[tuple[str, ...], Callable[[dict], str]]] = {
     "delivery": (("delivery",), tb.delivery),
     "chapters": (("delivery",), tb.chapters),
     "first-steps": (("delivery",), tb.first_steps),
+    "windows-ran": (("windows",), lambda r: ran_on("windows", r["windows"]["meta"])),
+    "windows": (("windows",), bw.table),
 }
 README_BLOCKS = {
     README_HEADLINE: (HEADLINE, lambda r: headline_with_sources(r)),

@@ -22,6 +22,7 @@ from pipeline.core.configerrors import format_validation_error
 from pipeline.core.deliveryconfig import DeliveryConfig, moved_keys_refusal
 from pipeline.core.evalconfig import EvalConfig
 from pipeline.core.modelfields import HF_SWITCH_GROUPS, hf_inert_refusal
+from pipeline.core.planconfig import PlanConfig
 from pipeline.core.sections import (
     DEFAULT_TOKEN_BUDGET,
     PATH,
@@ -48,6 +49,7 @@ __all__ = [
     "ConfigError",
     "DeliveryConfig",
     "EvalConfig",
+    "PlanConfig",
     "RunConfig",
     "DataConfig",
     "SyntheticConfig",
@@ -69,27 +71,6 @@ __all__ = [
 
 # The six bucket edges of the team's measured 902K-sample run (configs/dflash_902k.yaml).
 TEAM_EDGES = [0, 770, 1216, 1728, 2432, 3296, 8192]
-
-
-class PlanConfig(_Section):
-    policy: Literal["bucketed", "sorted", "sorted_ascending", "random", "megabatch"] = Field(
-        "bucketed",
-        description="`bucketed`: the epoch-seeded bucketed shuffle; or a baseline: sorted, sorted_ascending, random, megabatch.",
-    )
-    seed: NonNegativeInt = Field(
-        0, description="Run seed; epoch orders come from (seed, epoch, bucket)."
-    )
-    max_run: PositiveInt | None = Field(
-        None, description="Cap on consecutive global steps from one bucket (null: no cap)."
-    )
-    longest_first: bool = Field(
-        True,
-        description="Put the step with the longest padded batch first, so an OOM shows at step 1.",
-    )
-    on_world_size_change: Literal["keep_order", "refuse"] = Field(
-        "keep_order",
-        description="Resumed on another number of workers: keep the same global batches (contract 8), or refuse.",
-    )
 
 
 class ModelConfig(_Section):
@@ -384,6 +365,11 @@ class RunConfig(_Section):
             _eval_split_checks(self)
         if self.eval is not None and self.train.max_steps is not None:  # epochs: the driver
             self.eval.check_reaches(self.train.max_steps)
+        if self.plan.window_tokens is not None and self.delivery.chapter_steps is not None:
+            raise ValueError(
+                "delivery.chapter_steps has no effect with plan.window_tokens (each window is a "
+                "chapter): remove delivery.chapter_steps, or plan.window_tokens"
+            )
         if self.scaling.min_workers is not None and self.plan.on_world_size_change == "refuse":
             raise ValueError(
                 f"scaling.min_workers={self.scaling.min_workers} lets Ray Train resize the run, but "

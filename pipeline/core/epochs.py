@@ -22,17 +22,20 @@ from collections.abc import Iterator
 import numpy as np
 
 from pipeline.core.buckets import optimize, optimize_all, validate_edges
+from pipeline.core.chapters import row_group_of
 from pipeline.core.config import Batching, PackedBatching, PlanConfig, RunConfig
 from pipeline.core.frontier import epoch0_efficiency, plan_point
 from pipeline.core.modelfields import model_width
-from pipeline.core.packing import PackingSpec, attention_width_for, pack_epoch, packed_summary
-from pipeline.core.plan import EpochPlan, epoch_plan
+from pipeline.core.packing import PackingSpec, attention_width_for, packed_summary
+from pipeline.core.plan import EpochPlan
+from pipeline.core.windows import sample_windows, windowed_epoch_plan, windowed_pack_epoch
 
 __all__ = [
     "resolve_edges",
     "auto_edges",
     "simulated_efficiency",
     "epoch_plan_for",
+    "epoch_windows",
     "packed_epoch_metrics",
     "packing_spec",
     "run_epoch_plans",
@@ -161,11 +164,13 @@ def packing_spec(cfg: RunConfig) -> PackingSpec:
 def epoch_plan_for(cfg: RunConfig, index, edges, epoch: int, world_size: int) -> EpochPlan:
     """The epoch's plan over the index's valid samples (same on driver, feeder and workers):
     packed rows with batching.mode=packed, padded global batches otherwise; seeded by
-    plan.seed."""
+    plan.seed; with plan.window_tokens, planned window by window (`pipeline.core.windows`)."""
+    window = epoch_windows(cfg, index, epoch)
     if isinstance(cfg.batching, PackedBatching):
-        return pack_epoch(
+        return windowed_pack_epoch(
             index.lengths,
             edges,
+            window=window,
             seed=cfg.plan.seed,
             epoch=epoch,
             world_size=world_size,
@@ -173,14 +178,33 @@ def epoch_plan_for(cfg: RunConfig, index, edges, epoch: int, world_size: int) ->
             sample_ids=index.sample_ids,
             pad_to_multiple_of=cfg.batching.pad_to_multiple_of,
         )
-    return epoch_plan(
+    return windowed_epoch_plan(
         index.lengths,
         edges,
+        window=window,
         epoch=epoch,
         world_size=world_size,
         batching=cfg.batching,
         plan=cfg.plan,
         sample_ids=index.sample_ids,
+    )
+
+
+def epoch_windows(cfg: RunConfig, index, epoch: int) -> np.ndarray:
+    """Each valid sample's window in `epoch` (all zeros without plan.window_tokens): its row
+    group's, from the index's files, rows and row groups."""
+    n = int(np.asarray(index.lengths).size)
+    if cfg.plan.window_tokens is None:
+        return np.zeros(n, dtype=np.int64)
+    rg = row_group_of(index.file_idx, index.rows, index.row_groups)
+    return sample_windows(
+        index.lengths,
+        rg,
+        cfg.plan.window_tokens,
+        seed=cfg.plan.seed,
+        epoch=epoch,
+        longest_first=cfg.plan.longest_first,
+        num_row_groups=sum(len(r) for r in index.row_groups),
     )
 
 

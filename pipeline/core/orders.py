@@ -35,6 +35,7 @@ __all__ = [
     "SORTED_ORDER_STREAM",
     "MEGABATCH_STREAM",
     "EVAL_SUBSET_STREAM",
+    "WINDOW_STREAM",
     "PLAN_STREAMS",
     "REPORT_RANDOM_STREAM",
     "HF_MEGABATCH_STREAM",
@@ -49,6 +50,7 @@ __all__ = [
     "length_order",
     "megabatch_order",
     "megabatch_window",
+    "plan_rng",
     "sample_order",
     "step_order",
     "within_bucket_shuffle",
@@ -62,6 +64,9 @@ ROW_STREAM = 2**31 - 3  # the order of a packed epoch's rows across buckets
 SORTED_ORDER_STREAM = 2**31 - 4  # the order of the sorted baseline's fixed batches
 MEGABATCH_STREAM = 2**31 - 5  # the permutation the megabatch windows are cut from
 EVAL_SUBSET_STREAM = 2**31 - 6  # eval.max_samples: which held-out samples (no seed, no epoch)
+# The permutation of a windowed epoch's row groups, (seed, epoch, tag); and, as the fourth entry
+# before the window number, every stream of windows 1, 2, ... (`plan_rng`).
+WINDOW_STREAM = 2**31 - 7
 PLAN_STREAMS = (
     INTERLEAVE_STREAM,
     STEP_STREAM,
@@ -69,6 +74,7 @@ PLAN_STREAMS = (
     SORTED_ORDER_STREAM,
     MEGABATCH_STREAM,
     EVAL_SUBSET_STREAM,
+    WINDOW_STREAM,
 )
 
 # The report's (pipeline/report) and the benchmarks' (bench/) streams, with the values they were
@@ -90,6 +96,15 @@ SYNTHETIC_NOISE_STREAM = 2  # (seed, tag, first sample id, samples): a shard's n
 MEGABATCH_MULT = 50
 
 
+def plan_rng(seed: int, epoch: int, tag: int, window: int = 0) -> np.random.Generator:
+    """A plan's stream `tag` (a bucket index, or one of the tags above) for `epoch`: in window 0
+    (and an epoch of one window) `(seed, epoch, tag)`, so one window is the global plan; in window
+    w >= 1 `(seed, epoch, tag, WINDOW_STREAM, w)`, a stream of its own."""
+    if window == 0:
+        return np.random.default_rng((seed, epoch, tag))
+    return np.random.default_rng((seed, epoch, tag, WINDOW_STREAM, window))
+
+
 def length_order(lengths: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """Positions of the samples by ascending length, ties by sample id: the sorted baseline."""
     return np.lexsort((ids, lengths))
@@ -101,17 +116,18 @@ def bucket_counts(bucket: np.ndarray, num_buckets: int) -> np.ndarray:
 
 
 def within_bucket_shuffle(
-    ids: np.ndarray, bucket: np.ndarray, K: int, seed: int, epoch: int
+    ids: np.ndarray, bucket: np.ndarray, K: int, seed: int, epoch: int, window: int = 0
 ) -> tuple[np.ndarray, np.ndarray]:
     """Contract 1's one home, for padded and packed plans: positions grouped by bucket, each
     bucket's members (canonical: in sample-id order, whatever the input order) permuted by
-    `default_rng((seed, epoch, bucket))`; and the count of each bucket."""
+    `default_rng((seed, epoch, bucket))` (a window's own stream in window >= 1, `plan_rng`); and
+    the count of each bucket."""
     order = np.lexsort((ids, bucket))
     counts = bucket_counts(bucket, K)
     starts = np.concatenate([[0], np.cumsum(counts)])
     for k in range(K):
         if counts[k] > 1:
-            perm = np.random.default_rng((seed, epoch, k)).permutation(int(counts[k]))
+            perm = plan_rng(seed, epoch, k, window).permutation(int(counts[k]))
             order[starts[k] : starts[k + 1]] = order[starts[k] : starts[k + 1]][perm]
     return order, counts
 
@@ -179,7 +195,9 @@ def _samples_per_batch(lengths: np.ndarray, batching: Batching) -> int:
     return max(1, int(batching.token_budget // max(mean, 1.0)))
 
 
-def step_order(nb: np.ndarray, plan: PlanConfig, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+def step_order(
+    nb: np.ndarray, plan: PlanConfig, epoch: int, window: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
     """Each step's bucket and its global batch's index among all buckets' batches (`nb`: the
     batches of each bucket): an epoch-seeded interleaving of all global batches, runs capped at
     `plan.max_run` (bucketed, random); the fixed batches in an epoch-seeded order (sorted); the
@@ -190,7 +208,7 @@ def step_order(nb: np.ndarray, plan: PlanConfig, epoch: int) -> tuple[np.ndarray
         return np.zeros(total, dtype=np.int64), batch_permutation(total, plan.seed, epoch)
     if plan.policy in ("sorted_ascending", "megabatch"):
         return np.zeros(total, dtype=np.int64), np.arange(total)
-    seq = _interleave(nb, np.random.default_rng((plan.seed, epoch, INTERLEAVE_STREAM)))
+    seq = _interleave(nb, plan_rng(plan.seed, epoch, INTERLEAVE_STREAM, window))
     if plan.max_run is not None and seq.size:
         seq = _cap_runs(seq, plan.max_run)
     # Batch j of bucket k is the j-th time k appears in seq.

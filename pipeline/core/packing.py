@@ -50,7 +50,7 @@ from bisect import bisect_left
 import numpy as np
 
 from pipeline.core.buckets import assign
-from pipeline.core.orders import ROW_STREAM, STEP_STREAM, within_bucket_shuffle
+from pipeline.core.orders import ROW_STREAM, STEP_STREAM, plan_rng, within_bucket_shuffle
 from pipeline.core.plan import EpochPlan, concat_ranges, hash_arrays, lengths_and_ids
 from pipeline.core.rows import PackedRows, PackingSpec, check_world_size
 from pipeline.core.sections import ConfigError
@@ -168,30 +168,37 @@ def _segment_sums(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return np.diff(cum[offsets])
 
 
-def _pack_buckets(lengths, ids, bucket, K, spec, seed, epoch):
-    """Rows of every bucket, interleaved: (sample positions in row order, row sizes, row bucket)."""
-    order, counts = within_bucket_shuffle(ids, bucket, K, seed, epoch)  # contract 1
+def bucket_rows(lengths, order, counts, spec, floor: int):
+    """Each bucket's rows (best-fit of its samples in `order`, bucket after bucket, counts[k] of
+    bucket k): a list of (bucket, sample positions in row order, row sizes), rows in closing
+    order."""
     starts = np.concatenate([[0], np.cumsum(counts)])
-    floor = int(lengths.min()) if lengths.size else 1
-    members, sizes, row_bucket = [], [], []
+    out = []
     for k in np.flatnonzero(counts):
         pos = order[starts[k] : starts[k + 1]]
         row_of, closed = best_fit_rows(lengths[pos], spec.row_tokens, spec.open_rows, floor)
         place = np.empty(closed.size, dtype=np.int64)
         place[closed] = np.arange(closed.size)
         # Rows in closing order, each row's samples in arrival order.
-        members.append(pos[np.lexsort((np.arange(pos.size), place[row_of]))])
-        sizes.append(np.bincount(place[row_of], minlength=closed.size))
-        row_bucket.append(np.full(closed.size, k, dtype=np.int64))
-    if not members:
+        members = pos[np.lexsort((np.arange(pos.size), place[row_of]))]
+        out.append((int(k), members, np.bincount(place[row_of], minlength=closed.size)))
+    return out
+
+
+def interleave_rows(per_bucket, K: int, seed: int, epoch: int, window: int = 0):
+    """The buckets' row streams interleaved in an epoch-seeded random order that keeps each
+    bucket's rows in their closing order: (sample positions in row order, row sizes, row
+    bucket)."""
+    if not per_bucket:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+    members = [m for _, m, _ in per_bucket]
+    sizes = [z for _, _, z in per_bucket]
+    row_bucket = [np.full(z.size, k, dtype=np.int64) for k, _, z in per_bucket]
     if len(members) == 1:
         return members[0], sizes[0], row_bucket[0]
-    # Interleave the buckets' row streams: an epoch-seeded random order of all rows that keeps
-    # each bucket's rows in their closing order.
     rb = np.concatenate(row_bucket)
     seq = rb.copy()
-    np.random.default_rng((seed, epoch, ROW_STREAM)).shuffle(seq)
+    plan_rng(seed, epoch, ROW_STREAM, window).shuffle(seq)
     nb = np.bincount(rb, minlength=K)
     occ = np.empty(seq.size, dtype=np.int64)
     by = np.argsort(seq, kind="stable")
@@ -203,9 +210,24 @@ def _pack_buckets(lengths, ids, bucket, K, spec, seed, epoch):
     return flat, all_sizes[row_index], rb[row_index]
 
 
-def _balanced_steps(cost: np.ndarray, spec: PackingSpec, seed: int, epoch: int):
+def row_cost(lengths: np.ndarray, flat: np.ndarray, row_size: np.ndarray, spec) -> np.ndarray:
+    """Each row's cost under the cost model, rows given by their samples' positions in order."""
+    row_offsets = np.concatenate([[0], np.cumsum(row_size)]).astype(np.int64)
+    L = lengths[flat].astype(np.float64)
+    return spec.row_tokens + _segment_sums(L * L, row_offsets) / spec.attention_width
+
+
+def balanced_steps(
+    cost: np.ndarray,
+    spec: PackingSpec,
+    seed: int,
+    epoch: int,
+    window: int = 0,
+    longest_first: bool | None = None,
+):
     """Row order (steps of rows_per_step rows, balanced within windows, steps shuffled) and the
-    number of rows of each step."""
+    number of rows of each step; the costliest step first with `longest_first` (default: the
+    spec's)."""
     R, nrows = spec.rows_per_step, cost.size
     win = spec.window_steps * R
     w = np.arange(nrows) // win
@@ -221,8 +243,9 @@ def _balanced_steps(cost: np.ndarray, spec: PackingSpec, seed: int, epoch: int):
     in_step = by_cost[np.lexsort((fold, step))]
     # Steps in an epoch-seeded random order; the costliest first if asked.
     step_cost = np.bincount(step, weights=cost[by_cost], minlength=num_steps)
-    perm = np.random.default_rng((seed, epoch, STEP_STREAM)).permutation(num_steps)
-    if spec.longest_first and num_steps:
+    perm = plan_rng(seed, epoch, STEP_STREAM, window).permutation(num_steps)
+    first = spec.longest_first if longest_first is None else longest_first
+    if first and num_steps:
         top = int(np.flatnonzero(perm == int(np.argmax(step_cost)))[0])
         perm[[0, top]] = perm[[top, 0]]
     starts = np.concatenate([[0], np.cumsum(step_size)[:-1]])
@@ -252,13 +275,14 @@ def pack_epoch(
             f"raise row_tokens to at least {int(edges[-1])} (samples are never split)"
         )
     K = edges.size - 1
-    flat, row_size, row_bucket = _pack_buckets(
-        lengths, ids, assign(lengths, edges), K, spec, seed, epoch
+    by_bucket, counts = within_bucket_shuffle(ids, assign(lengths, edges), K, seed, epoch)
+    floor = int(lengths.min()) if lengths.size else 1
+    flat, row_size, row_bucket = interleave_rows(
+        bucket_rows(lengths, by_bucket, counts, spec, floor), K, seed, epoch
     )
     row_offsets = np.concatenate([[0], np.cumsum(row_size)]).astype(np.int64)
-    L = lengths[flat].astype(np.float64)
-    cost = spec.row_tokens + _segment_sums(L * L, row_offsets) / spec.attention_width
-    order, step_size = _balanced_steps(cost, spec, seed, epoch)
+    cost = row_cost(lengths, flat, row_size, spec)
+    order, step_size = balanced_steps(cost, spec, seed, epoch)
     sizes = row_size[order]
     flat = flat[concat_ranges(row_offsets[:-1][order], sizes)]
     row_offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)

@@ -127,6 +127,9 @@ class EpochPlan:
     num_dropped: int = 0  # samples dropped by drop_remainder
     pad_to_multiple_of: int = 8
     rows: PackedRows | None = None  # packed plans: their rows of whole samples
+    # A windowed epoch (pipeline.core.windows): [windows + 1] absolute global steps where each
+    # window's steps start; None for an epoch of one window. Slices keep it whole.
+    window_steps: np.ndarray | None = None
 
     @property
     def packed(self) -> bool:

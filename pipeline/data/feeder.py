@@ -30,7 +30,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import pyarrow.fs as pafs
 
 from pipeline.core.config import RunConfig
-from pipeline.core.epochs import epoch_plan_for
+from pipeline.core.epochs import epoch_plan_for, epoch_windows
 from pipeline.core.plan import EpochPlan
 from pipeline.core.ranges import RangeDecisions, RankPositions
 from pipeline.data.connect import on_this_node
@@ -86,7 +86,9 @@ class Feeder:
         fs = fs if fs is not None else filesystem_for(path)[0]
         spec = ReadSpec.of(index, self.cfg.model.vocab_size, retry or RetryPolicy())
         rows = RowCache.for_run(self.cfg, index)
-        self.preparer = RangePreparer(fs, spec, index, rows, block_bytes)
+        self.preparer = RangePreparer(
+            fs, spec, index, rows, block_bytes, lambda e: epoch_windows(self.cfg, index, e)
+        )
         use_jemalloc()  # before any read: see its docstring
         # Ray Data is imported and configured by the first chapter's sort (`sort_pass`), not
         # here: a cold start's lead-in is read in this process and should not wait for it.

@@ -40,6 +40,7 @@ import pyarrow.fs as pafs
 from pipeline.core.chapters import chapter_plan
 from pipeline.core.plan import EpochPlan, RankView
 from pipeline.core.ranges import EpochRanges
+from pipeline.data.carry import CarryBook
 from pipeline.data.gather import UnitSlices, gather_parts
 from pipeline.data.index import LengthIndex
 from pipeline.data.read import (
@@ -127,6 +128,10 @@ class RangeStats:
     # Transient read errors retried preparing this range, read tasks' included (counted by
     # the feeder, which they report to).
     read_retries: int = 0
+    # A windowed epoch (`pipeline.data.carry`): rows taken from the part held from the window
+    # before (not read again), and rows read to be held for the next window.
+    rows_held: int = 0
+    rows_carried_out: int = 0
 
     def as_dict(self) -> dict:
         """The flat telemetry record (`Feeder.history`, `Feeder.status`, benchmarks)."""
@@ -134,8 +139,8 @@ class RangeStats:
         reads = dataclasses.asdict(d.pop("reads"))
         del reads["read_retries"]
         tail = {k: d.pop(k) for k in ("plan_s", "sort_s", "split_s", "plan_hash", "done_at")}
-        retries = d.pop("read_retries")
-        return d | reads | tail | {"read_retries": retries}
+        last = {k: d.pop(k) for k in ("read_retries", "rows_held", "rows_carried_out")}
+        return d | reads | tail | last
 
 
 @dataclass(frozen=True, eq=False)
@@ -160,9 +165,14 @@ class RangePreparer:
         index: LengthIndex,
         rows: RowCache | None,
         block_bytes: int = TARGET_BLOCK_BYTES,
+        windows_of: Callable[[int], np.ndarray] | None = None,
     ):
+        """`windows_of(epoch)`: each index position's window in `epoch`, for windowed epochs
+        (`pipeline.core.epochs.epoch_windows`)."""
         self.fs, self.spec, self.index, self.rows = fs, spec, index, rows
         self.block_bytes = int(block_bytes)
+        one = lambda epoch: np.zeros(index.num_samples, dtype=np.int64)  # noqa: E731
+        self.carry = CarryBook(windows_of or one, index.sample_ids)
 
     def prepare(
         self,
@@ -187,12 +197,18 @@ class RangePreparer:
         local, fill = self._how(plan, epoch_ranges.is_lead_in(key.start_step, key.end_step))
         block_rows = rows_per_block(plan, self.block_bytes) if plan.num_samples else 1
         reads = ReadStats()
+        held_rows = carried_out = 0
         if local:
             parts, reads = self._read_locally(units, rank_rows, block_rows, fill)
             if reads.read_retries:
                 note_retries(key, reads.read_retries)
         elif plan.num_samples:
-            parts = sorted_parts(self.fs, self.spec, plan, units, rank_rows, block_rows, key)
+            carry = self.carry.plan_range(full, key.start_step, key.end_step)
+            if carry is None:
+                parts = sorted_parts(self.fs, self.spec, plan, units, rank_rows, block_rows, key)
+            else:
+                parts, units = self._windowed_parts(plan, keys, rank_rows, block_rows, key, carry)
+                held_rows, carried_out = carry.num_held, int(carry.out_sids.size)
             reads = ReadStats(rg_parquet=len(units))
         t_sort = time.perf_counter()
         if parts:
@@ -218,6 +234,8 @@ class RangePreparer:
             split_s=t_split - t_sort,
             plan_hash=plan_hash,
             done_at=time.time(),
+            rows_held=held_rows,
+            rows_carried_out=carried_out,
         )
         return PreparedRange(
             prep_id=uuid.uuid4().hex[:12],
@@ -227,6 +245,45 @@ class RangePreparer:
             parts=parts,
             stats=stats,
         )
+
+    def _windowed_parts(self, plan, keys, rank_rows, block_rows, key, carry) -> tuple:
+        """A windowed range's pass: its rows not held, and the rows it carries out (keyed after
+        its own), read; the held ones taken from the part held; the carried part kept.
+        Returns (the ranks' parts, the read work list)."""
+        read = ~carry.held
+        n_out = int(carry.out_sids.size)
+        units = plan_read_units(
+            self.index,
+            np.concatenate([plan.sample_ids[read], carry.out_sids]),
+            np.concatenate([keys[read], plan.num_samples + np.arange(n_out)]),
+        )
+        held = None
+        if carry.num_held:
+            held = (carry.part, plan.sample_ids[carry.held], keys[carry.held])
+        try:
+            parts = sorted_parts(
+                self.fs, self.spec, plan, units, rank_rows, block_rows, key, held, n_out
+            )
+        except Exception as e:
+            if held is None:
+                raise
+            # The held part is gone (a lost node, say): read those rows from their row groups.
+            log.warning(
+                "data: the rows held for window %d of epoch %d are lost (%s: %s); reading them "
+                "from their row groups",
+                carry.window,
+                key.epoch,
+                type(e).__name__,
+                e,
+            )
+            self.carry.forget(key.epoch, carry.window)
+            none = np.zeros_like(carry.held)
+            carry = dataclasses.replace(carry, held=none, part=None)
+            return self._windowed_parts(plan, keys, rank_rows, block_rows, key, carry)
+        if n_out:
+            self.carry.keep(key.epoch, carry.window + 1, parts[-1], carry.out_sids)
+            parts = parts[:-1]
+        return parts, units
 
     def _how(self, plan: EpochPlan, lead_in: bool) -> tuple[bool, bool]:
         """(read in this process, fill the row cache) for a range's `plan`; `lead_in`: the

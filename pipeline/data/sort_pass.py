@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow.fs as pafs
 
 from pipeline.core.plan import EpochPlan
+from pipeline.data.carry import rekey
 from pipeline.data.read import ReadSpec, ReadUnits, read_units
 
 __all__ = ["rows_per_block", "range_boundaries", "sorted_parts"]
@@ -71,9 +72,14 @@ def sorted_parts(
     rank_rows: np.ndarray,
     block_rows: int,
     key: tuple,
+    held: tuple | None = None,
+    carry_out: int = 0,
 ) -> list:
     """Read the planned rows, sort them by key, materialize, split per rank; read retries are
-    reported to the calling feeder actor under `key`."""
+    reported to the calling feeder actor under `key`. A windowed epoch's range also takes rows
+    from `held` (a part held from the window before, the sample ids it gives and their keys:
+    `pipeline.data.carry`) and, with `carry_out`, sorts the rows keyed after its own into one
+    more part, the last."""
     import ray
     import ray.data
 
@@ -91,6 +97,14 @@ def sorted_parts(
             "on_retries": functools.partial(_note_retries, me, key),
         },
     )
-    ds = ds.sort("key", boundaries=range_boundaries(plan, rank_rows, block_rows)).materialize()
+    if held is not None:
+        part, sids, keys = held
+        ds = ds.union(
+            part.map_batches(rekey, batch_format="pyarrow", fn_kwargs={"sids": sids, "keys": keys})
+        )
+    bounds = range_boundaries(plan, rank_rows, block_rows)
     cuts = [int(c) for c in np.cumsum(rank_rows)[:-1]]
+    if carry_out:
+        bounds, cuts = [*bounds, plan.num_samples], [*cuts, plan.num_samples]
+    ds = ds.sort("key", boundaries=bounds).materialize()
     return ds.split_at_indices(cuts) if cuts else [ds]

@@ -24,6 +24,7 @@ from pipeline.core.orders import (
     SYNTHETIC_LENGTHS_STREAM,
     SYNTHETIC_NOISE_STREAM,
     SYNTHETIC_VOCAB_STREAM,
+    WINDOW_STREAM,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,6 +58,16 @@ def _streams(seed: int, epochs, buckets):
             ("hf megabatch", HF_MEGABATCH_STREAM),
         ):
             yield f"{name} of epoch {e}", (seed, e, tag)
+        yield f"windows of epoch {e}", (seed, e, WINDOW_STREAM)
+        for w in (1, 2, 5):  # a windowed epoch's window w: its own shuffles and orders
+            for k in buckets:
+                yield f"bucket {k} of epoch {e} window {w}", (seed, e, k, WINDOW_STREAM, w)
+            for name, tag in (
+                ("interleave", INTERLEAVE_STREAM),
+                ("packed steps", STEP_STREAM),
+                ("packed rows", ROW_STREAM),
+            ):
+                yield f"{name} of epoch {e} window {w}", (seed, e, tag, WINDOW_STREAM, w)
     yield "report random", (seed, REPORT_RANDOM_STREAM)
     yield "hf megabatch", (seed, HF_MEGABATCH_STREAM)
     yield "pair repeat", (seed, PAIR_REPEAT_STREAM)

@@ -1,0 +1,145 @@
+"""Windows at delivery: a windowed epoch (`plan.window_tokens`) is served window by window, each
+window one chapter, and every rank trains exactly its view of the windowed plan, from the start,
+from a resume inside a window, and on another number of workers; without the row cache each
+window's Ray Data pass reads its own row groups and those of the rows carried into it."""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import pytest
+import ray
+
+from pipeline.core.chapters import row_group_of
+from pipeline.core.epochs import epoch_windows
+from pipeline.core.windows import carried_rows
+from pipeline.data import (
+    build_length_index,
+    epoch_plan_for,
+    rank_batches,
+    resolve_edges,
+    start_feeder,
+    stop_feeder,
+)
+from tests.ray.small_corpus import base_cfg, write_corpus
+
+pytestmark = pytest.mark.ray
+
+WINDOW_TOKENS = 5000  # the corpus holds ~19.5K real tokens in 12 row groups: 4 windows
+
+
+class Data:
+    def __init__(self, path):
+        self.path = str(path)
+        lengths = np.random.default_rng(5).integers(1, 65, 600)
+        self.tokens = write_corpus(self.path, lengths, shards=3, rows_per_group=50)
+        self.cfg = base_cfg(self.path, train={"epochs": 2}, plan={"window_tokens": WINDOW_TOKENS})
+        self.index = build_length_index(self.cfg)
+        self.edges = resolve_edges(self.cfg, self.index.lengths)
+
+    def plan(self, epoch, world):
+        return epoch_plan_for(self.cfg, self.index, self.edges, epoch, world)
+
+    def streams(self, cfg, world, epoch=0, start_step=0):
+        name = f"windows-{uuid.uuid4().hex[:8]}"
+        start_feeder(cfg, self.index, self.edges, name=name, path=self.path, prefetch=False)
+        h = self.plan(epoch, world).content_hash
+        try:
+            out = [
+                list(
+                    rank_batches(
+                        name,
+                        epoch=epoch,
+                        start_step=start_step,
+                        rank=r,
+                        world_size=world,
+                        plan_hash=h,
+                    )
+                )
+                for r in range(world)
+            ]
+            return out, ray.get(ray.get_actor(name).history.remote())
+        finally:
+            stop_feeder(name)
+
+
+@pytest.fixture(scope="module")
+def data(cluster, tmp_path_factory):
+    return Data(tmp_path_factory.mktemp("windows"))
+
+
+def _ids(stream):
+    return np.concatenate([mb.sample_ids for mb in stream])
+
+
+@pytest.mark.parametrize("epoch", [0, 1])
+def test_windows_each_window_is_a_chapter_and_every_rank_trains_its_view(data, epoch):
+    plan = data.plan(epoch, 2)
+    assert plan.window_steps is not None and plan.window_steps.size - 1 == 4
+    streams, status = data.streams(data.cfg, 2, epoch=epoch)
+    for r, stream in enumerate(streams):
+        assert np.array_equal(_ids(stream), plan.rank_view(r).sample_ids)
+        assert [mb.step for mb in stream] == list(range(plan.num_steps))
+    ranges = [(s["start_step"], s["end_step"]) for s in status if not s.get("lead_in")]
+    ws = plan.window_steps.tolist()
+    assert ranges[-3:] == list(zip(ws[1:-1], ws[2:], strict=True))
+    assert {s["plan_hash"] for s in status} == {plan.content_hash}
+
+
+def test_windows_resume_inside_a_window_on_another_world_size(data):
+    plan2 = data.plan(0, 2)
+    start = int(plan2.window_steps[2]) + 2  # inside the third window
+    streams, _ = data.streams(data.cfg, 1, start_step=start)
+    assert streams[0][0].step == start
+    # one rank trains the same global batches the two ranks trained (contract 8)
+    want = plan2.sample_ids[plan2.step_offsets[start - plan2.first_step] :]
+    assert np.array_equal(_ids(streams[0]), want)
+
+
+def test_windows_read_each_row_group_exactly_once_per_epoch(data):
+    """Without the row cache each window's Ray Data pass reads its own row groups, once: the
+    rows it trains and those it carries out, which the next window's pass takes held."""
+    cfg = data.cfg.model_copy(deep=True)
+    cfg.delivery.row_cache = False
+    cfg.delivery.lead_tokens = None
+    plan = data.plan(0, 2)
+    streams, status = data.streams(cfg, 2)
+    for r, stream in enumerate(streams):
+        assert np.array_equal(_ids(stream), plan.rank_view(r).sample_ids)
+        for mb in stream:  # the held rows' tokens are the corpus's
+            for i, sid in enumerate(mb.sample_ids[:2]):
+                n = int(mb.attention_mask[i].sum())
+                assert np.array_equal(mb.input_ids[i, :n].numpy(), data.tokens[int(sid)])
+    pos = np.searchsorted(data.index.sample_ids, plan.sample_ids)
+    window = epoch_windows(data.cfg, data.index, 0)[pos]
+    carried = carried_rows(plan, window)
+    step = np.repeat(np.arange(plan.num_steps), np.diff(plan.step_offsets))
+    trained = np.searchsorted(plan.window_steps, step, side="right") - 1
+    rg_all = row_group_of(data.index.file_idx, data.index.rows, data.index.row_groups)
+    rg = rg_all[pos]
+    assert len(status) == 4
+    for w, s in enumerate(status):
+        assert s["row_groups_read"] == np.unique(rg[window == w]).size
+        assert s["rows_held"] == int((carried & (trained == w)).sum()) and (s["rows_held"] > 0) == (
+            w > 0
+        )
+        assert s["rows_carried_out"] == int((carried & (window == w)).sum())
+        assert s["rows_sorted"] == int((trained == w).sum())
+    # every row group of the corpus, read exactly once in the epoch
+    assert sum(s["row_groups_read"] for s in status) == np.unique(rg_all).size
+
+
+def test_windows_a_fresh_feeder_reads_the_carried_in_rows_again(data):
+    """A resume in a window, on a feeder that held nothing, reads the rows carried into it from
+    their row groups: nothing is missing."""
+    cfg = data.cfg.model_copy(deep=True)
+    cfg.delivery.row_cache = False
+    cfg.delivery.lead_tokens = None
+    plan = data.plan(0, 2)
+    start = int(plan.window_steps[2])
+    streams, status = data.streams(cfg, 2, start_step=start)
+    for r, stream in enumerate(streams):
+        view = plan.rank_view(r)
+        assert np.array_equal(_ids(stream), view.sample_ids[view.offsets[start] :])
+    assert status[0]["rows_held"] == 0 and status[1]["rows_held"] > 0
