@@ -144,20 +144,25 @@ def policy_config(
         "eval.split=validation",
         f"eval.every_steps={eval_every}",
     ]
-    if name != "packed":
+    if "batching.mode=packed" not in POLICIES[name]:
         shared += ["batching.mode=fixed", f"batching.batch_size={batch_size}"]
     return load_config(DEMO_CONFIG, shared + per)
 
 
-def _plans(cfg: RunConfig, corpus: Corpus, edges):
+def corpus_index(corpus: Corpus) -> SimpleNamespace:
+    """The length index the plans see: one file of row groups of `ROW_GROUP_ROWS` samples."""
     n = corpus.lengths.size
-    index = SimpleNamespace(
+    return SimpleNamespace(
         lengths=corpus.lengths,
         sample_ids=corpus.sample_ids,
         file_idx=np.zeros(n, dtype=np.int64),
         rows=np.arange(n, dtype=np.int64),
         row_groups=([min(ROW_GROUP_ROWS, n - a) for a in range(0, n, ROW_GROUP_ROWS)],),
     )
+
+
+def _plans(cfg: RunConfig, corpus: Corpus, edges):
+    index = corpus_index(corpus)
     return [epoch_plan_for(cfg, index, edges, e, 1) for e in range(cfg.train.epochs)]
 
 

@@ -135,3 +135,28 @@ def test_the_plot_draws_every_question_beside_the_json(tmp_path):
 
     path = plot_outcome(_results(), tmp_path / "outcome.png", LABELS)
     assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_every_policy_gives_a_valid_config_and_windowed_ones_plan_their_windows(tmp_path):
+    """Each policy's overrides validate against the demo config (packed ones without a batch
+    size), and a windowed policy's epoch has about the windows its name says."""
+    import numpy as np
+
+    from bench.outcome import Corpus, _plans, corpus_index, policy_config
+    from bench.outcome_policies import POLICIES
+    from pipeline.core.epochs import epoch_windows, resolve_edges
+
+    rng = np.random.default_rng(np.random.SeedSequence(7))
+    lengths = rng.integers(8, 512, size=6000)
+    held = type("Held", (), {"path": str(tmp_path)})()
+    corpus = Corpus(np.arange(6000), lengths, None, held, 512, {})
+    windows = {"auto_w4": 4, "auto_w16": 16, "packed_w16": 16}
+    for name in POLICIES:
+        cfg = policy_config(name, corpus=corpus, seed=0, epochs=1, eval_every=25, batch_size=64)
+        packed = cfg.batching.mode == "packed"
+        assert packed == ("batching.mode=packed" in POLICIES[name]), name
+        if name in windows:
+            plan = _plans(cfg, corpus, [int(e) for e in resolve_edges(cfg, lengths)])[0]
+            cut = epoch_windows(cfg, corpus_index(corpus), 0)
+            assert np.unique(cut).size == windows[name], name
+            assert plan.window_steps.size > 2 and plan.window_steps[-1] == plan.num_steps
