@@ -2,8 +2,10 @@
 
 The first run is measured against each of the others, from their run directories alone (local
 or s3://): held-out loss at equal real tokens and at equal training time, when it reached each
-other run's final held-out loss, and each run's training-loss jumpiness taken apart. One verdict
-line per comparison on stdout; `--out` draws the picture, `--json` writes every figure.
+other run's final held-out loss, each document length range's held-out difference at the last
+common token count (where both runs split it by the same ranges), and each run's training-loss
+jumpiness taken apart. One verdict line per comparison on stdout (and one by length); `--out`
+draws the picture, `--json` writes every figure.
 """
 
 from __future__ import annotations
@@ -25,7 +27,13 @@ def main(argv: list[str] | None = None) -> int:
         print("error: name at least two run directories (the first is measured)", file=sys.stderr)
         return 2
     from pipeline.core.jumpiness import Jumpiness
-    from pipeline.train.compare_runs import RunCurves, compare, jumpiness_of, verdict_line
+    from pipeline.train.compare_runs import (
+        RunCurves,
+        by_length_line,
+        compare,
+        jumpiness_of,
+        verdict_line,
+    )
     from pipeline.train.run_record import read_run
 
     try:
@@ -36,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     comparisons = [compare(runs[0], ref) for ref in runs[1:]]
     for c in comparisons:
         print(verdict_line(c))
+        line = by_length_line(c)
+        if line:
+            print(line)
         for w in c["warnings"]:
             print(f"warning: {w}")
     jumpiness = {r.name: jumpiness_of(r) for r in runs}

@@ -4,12 +4,14 @@ RUN_DIR is `<checkpoint.storage_path>/<checkpoint.run_name>` (local or s3://...)
 complete checkpoint is evaluated, or `--checkpoint checkpoint_step00000120`. The run's own config
 (saved in each checkpoint) names the model and the held-out set; `--set eval.path=DIR` or
 `--set eval.split=NAME` names another, `--set scaling.num_workers=N` evaluates on N workers (the
-figures do not depend on it). Prints the held-out loss, accuracy, per-sample loss and each
-training bucket's loss, the same figures a run logs as `eval/*`; `--json OUT` writes them under
-those names with the checkpoint and its step. A user error ends in one line and exit code 2,
-a model that does not fit the checkpoint (`--set model.*`) before any worker starts. The run's
-relative local paths are found from any directory: a run records them absolute, and an older
-checkpoint's resolve against the directory its relative checkpoint.storage_path was in.
+figures do not depend on it). Prints the held-out loss, accuracy, per-sample loss, each
+training bucket's loss and, for a run with one bucket, each length range's (the ranges its
+training loss was reported by, from its step history), the same figures a run logs as
+`eval/*`; `--json OUT` writes them under those names with the checkpoint and its step. A user
+error ends in one line and exit code 2, a model that does not fit the checkpoint (`--set
+model.*`) before any worker starts. The run's relative local paths are found from any
+directory: a run records them absolute, and an older checkpoint's resolve against the
+directory its relative checkpoint.storage_path was in.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ def _lines(m: dict, target) -> list[str]:
             out.append(
                 f"  eval/loss_by_bucket/{k:<3} {v:.4f}  (lengths {edges[k] + 1}-{edges[k + 1]})"
             )
+    for k, v in m.items():  # one bucket: the run's length ranges, in their order
+        if k.startswith("eval/loss_by_length/"):
+            out.append(f"  {k:<28} {v:.4f}")
     return out
 
 

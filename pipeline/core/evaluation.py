@@ -8,12 +8,14 @@ attending only to itself. Ranks add up sums, never means (`EvalSums`): the loss 
 token losses over every supervised held-out token divided by their number, so the figures are
 the same on 1, 2 or 64 ranks up to float summation order. Also reported: top-1 accuracy, the
 mean of each sample's own token-mean loss (every sample weighing the same, whatever its length),
-and the loss of each training bucket's lengths. No Ray, no torch.
+the loss of each training bucket's lengths and, for a run with one bucket (packed rows, or a
+baseline batching across all lengths), the loss of each length range its training loss is
+reported by (`pipeline.core.length_ranges`). No Ray, no torch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -24,6 +26,7 @@ from pipeline.core.config import (
     RunConfig,
     TokenBudgetBatching,
 )
+from pipeline.core.length_ranges import range_label
 from pipeline.core.orders import EVAL_SUBSET_STREAM
 from pipeline.core.packing import PackingSpec, pack_epoch
 from pipeline.core.plan import EpochPlan, epoch_plan
@@ -35,10 +38,14 @@ __all__ = [
     "eval_plan_for",
     "eval_subset",
     "EVAL_FIELDS",
+    "EVAL_RANGE_PREFIX",
+    "range_metric",
 ]
 
 # The per-evaluation scalars, in the order of EvalSums.vector(), before the per-bucket sums.
 EVAL_FIELDS = ("loss_sum", "correct", "tokens", "samples", "sample_loss_sum")
+# The held-out loss of each length range of a run with ranges: <prefix><lo>-<hi>.
+EVAL_RANGE_PREFIX = "eval/loss_by_length/"
 
 
 def eval_subset(sample_ids: np.ndarray, max_samples: int | None) -> np.ndarray:
@@ -126,8 +133,10 @@ def eval_plan_for(
 @dataclass
 class EvalSums:
     """What one evaluation adds up, on one rank or all of them: token-loss and correct-token
-    sums, supervised tokens, samples, the sum of each sample's token-mean loss, and per training
-    bucket the token-loss sum and tokens. `vector()` is what ranks all-reduce."""
+    sums, supervised tokens, samples, the sum of each sample's token-mean loss, per training
+    bucket the token-loss sum and tokens, and, for a run with length ranges (`ranges`, the
+    edges its training loss is reported by: `pipeline.core.length_ranges.run_ranges`), the same
+    per length range. `vector()` is what ranks all-reduce: one vector per evaluation."""
 
     loss_sum: float
     correct: float
@@ -136,11 +145,15 @@ class EvalSums:
     sample_loss_sum: float
     bucket_loss: np.ndarray  # [K] token-loss sum of the samples of each training bucket
     bucket_tokens: np.ndarray  # [K]
+    range_loss: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [R] per length range
+    range_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [R]
+    ranges: list[int] = field(default_factory=list)  # the R ranges' edges; [] for none
 
     @classmethod
-    def zeros(cls, num_buckets: int) -> EvalSums:
+    def zeros(cls, num_buckets: int, ranges=()) -> EvalSums:
         z = np.zeros(num_buckets, dtype=np.float64)
-        return cls(0.0, 0.0, 0.0, 0.0, 0.0, z, z.copy())
+        r = np.zeros(max(len(ranges) - 1, 0), dtype=np.float64)
+        return cls(0.0, 0.0, 0.0, 0.0, 0.0, z, z.copy(), r, r.copy(), [int(e) for e in ranges])
 
     @classmethod
     def of_documents(
@@ -150,15 +163,17 @@ class EvalSums:
         tokens: np.ndarray,
         lengths: np.ndarray,
         edges,
+        ranges=(),
     ) -> EvalSums:
         """The sums of documents with per-document token-loss sums, correct tokens, supervised
-        tokens and lengths (which training bucket each falls in, by `edges`)."""
+        tokens and lengths (which training bucket each falls in, by `edges`, and which length
+        range, by `ranges`: range r holds lengths in (e_r, e_r+1], longer ones the last)."""
         edges = np.asarray(edges, dtype=np.int64)
         K = edges.size - 1
         bucket = assign(np.minimum(lengths, edges[-1]), edges)
         supervised = tokens > 0
         per_sample = np.where(supervised, loss / np.maximum(tokens, 1), 0.0)
-        return cls(
+        out = cls(
             loss_sum=float(loss.sum()),
             correct=float(correct.sum()),
             tokens=float(tokens.sum()),
@@ -166,29 +181,48 @@ class EvalSums:
             sample_loss_sum=float(per_sample.sum()),
             bucket_loss=np.bincount(bucket, weights=loss, minlength=K).astype(np.float64),
             bucket_tokens=np.bincount(bucket, weights=tokens, minlength=K).astype(np.float64),
+            ranges=[int(e) for e in ranges],
         )
+        if out.ranges:
+            R = len(out.ranges) - 1
+            r = assign(np.clip(lengths, 1, out.ranges[-1]), out.ranges)
+            out.range_loss = np.bincount(r, weights=loss, minlength=R).astype(np.float64)
+            out.range_tokens = np.bincount(r, weights=tokens, minlength=R).astype(np.float64)
+        return out
 
     def __add__(self, other: EvalSums) -> EvalSums:
-        return EvalSums.from_vector(self.vector() + other.vector(), self.bucket_loss.size)
+        if list(self.ranges) != list(other.ranges):
+            raise ValueError(f"sums by length ranges {self.ranges} and {other.ranges}")
+        v = self.vector() + other.vector()
+        return EvalSums.from_vector(v, self.bucket_loss.size, self.ranges)
 
     def vector(self) -> np.ndarray:
         head = [getattr(self, f) for f in EVAL_FIELDS]
-        return np.concatenate([head, self.bucket_loss, self.bucket_tokens]).astype(np.float64)
+        parts = [head, self.bucket_loss, self.bucket_tokens, self.range_loss, self.range_tokens]
+        return np.concatenate(parts).astype(np.float64)
 
     @classmethod
-    def from_vector(cls, v: np.ndarray, num_buckets: int) -> EvalSums:
+    def from_vector(cls, v: np.ndarray, num_buckets: int, ranges=()) -> EvalSums:
         v = np.asarray(v, dtype=np.float64)
-        n = len(EVAL_FIELDS)
+        n, K, R = len(EVAL_FIELDS), num_buckets, max(len(ranges) - 1, 0)
+        if v.size != n + 2 * K + 2 * R:
+            raise ValueError(f"an evaluation vector of {v.size} values, not {n + 2 * K + 2 * R}")
         head = dict(zip(EVAL_FIELDS, (float(x) for x in v[:n]), strict=True))
+        b, r = v[n : n + 2 * K], v[n + 2 * K :]
         return cls(
             **head,
-            bucket_loss=v[n : n + num_buckets].copy(),
-            bucket_tokens=v[n + num_buckets : n + 2 * num_buckets].copy(),
+            bucket_loss=b[:K].copy(),
+            bucket_tokens=b[K:].copy(),
+            range_loss=r[:R].copy(),
+            range_tokens=r[R:].copy(),
+            ranges=[int(e) for e in ranges],
         )
 
     def metrics(self) -> dict[str, float]:
         """`eval/*` figures: loss (token-weighted), accuracy, loss_per_sample, tokens, samples,
-        and loss_by_bucket/<k> for each training bucket with held-out tokens."""
+        loss_by_bucket/<k> for each training bucket with held-out tokens and, with length
+        ranges, loss_by_length/<lo>-<hi> for every range (NaN: no held-out token of it), named
+        as the training loss's `train/loss_by_length/<lo>-<hi>`."""
         nan = float("nan")
         out = {
             "eval/loss": self.loss_sum / self.tokens if self.tokens else nan,
@@ -200,4 +234,11 @@ class EvalSums:
         for k, (s, t) in enumerate(zip(self.bucket_loss, self.bucket_tokens, strict=True)):
             if t > 0:
                 out[f"eval/loss_by_bucket/{k}"] = float(s / t)
+        for r, (s, t) in enumerate(zip(self.range_loss, self.range_tokens, strict=True)):
+            out[range_metric(self.ranges, r)] = float(s / t) if t > 0 else nan
         return out
+
+
+def range_metric(ranges, r: int) -> str:
+    """The held-out metric of length range r of `ranges`: `eval/loss_by_length/<lo>-<hi>`."""
+    return f"{EVAL_RANGE_PREFIX}{range_label(list(ranges), r)}"

@@ -4,7 +4,8 @@ Each micro-batch is what training collates (pipeline.data.rechunk): padded rows 
 or packed rows whose `attention_mask` holds each token's document number. Every document's
 token-loss sum, correct top-1 predictions and supervised tokens are computed in fp32 from the
 logits (in chunks, as the training loss is) and added up into `EvalSums` by the training bucket
-of its length (`pipeline.core.evaluation.EvalSums`, by `pipeline.train.evaluation`). The model
+of its length, and by its length range where the run has ranges
+(`pipeline.core.evaluation.EvalSums`, by `pipeline.train.evaluation`). The model
 runs in eval mode under `no_grad`, and the torch RNG state is restored
 afterwards, so a run with evaluation trains exactly what the same run without it trains.
 """

@@ -1,6 +1,14 @@
 """Runs compared from their run directories alone (`jobs.compare_runs`): the first run measured
 against each of the others at equal real tokens and at equal training time, a verdict line per
-comparison, the jumpiness of each run taken apart, a JSON record and a picture.
+comparison, the held-out loss of each document length range at the last common token count
+(where both runs split it by the same ranges), the jumpiness of each run taken apart, a JSON
+record and a picture.
+
+A run's held-out loss by length is what its evaluations recorded: by the length ranges of its
+training loss where it trains one bucket (packed rows, or a baseline batching across all
+lengths; `pipeline.core.length_ranges.run_ranges`), by its training buckets where it has
+several. Two runs are compared range by range only where their edges are the same; otherwise
+the comparison says so.
 
 Held-out losses are compared only between runs evaluated on the same held-out set (the digest
 each run records, `run_record.heldout_digest`) with the same model config; otherwise the
@@ -12,10 +20,11 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.core.compare import Curve, Standing, reached_at, standing
+from pipeline.core.length_ranges import range_label
 from pipeline.train.picture_jumpiness import history_jumpiness
 from pipeline.train.run_record import RunRecord
 
-__all__ = ["RunCurves", "compare", "verdict_line"]
+__all__ = ["RunCurves", "by_length", "by_length_line", "compare", "verdict_line"]
 
 
 class RunCurves:
@@ -36,6 +45,7 @@ class RunCurves:
         # The training loss to read: the bucket-debiased one where steps have buckets.
         self.train_label = "debiased training loss" if buckets > 1 else "training loss"
         self.train = a["debiased" if buckets > 1 else "loss"].astype(float)
+        self.length_edges, self.length_source, self.eval_by_length = _by_length_of(run, ev)
 
     @staticmethod
     def _at_steps(cum: np.ndarray, steps: np.ndarray) -> np.ndarray:
@@ -47,6 +57,23 @@ class RunCurves:
     def held_out(self, axis: str) -> Curve:
         x = self.eval_tokens if axis == "tokens" else self.eval_seconds
         return Curve.of(x, self.eval_loss)
+
+    def held_out_by_length(self, r: int) -> Curve:
+        """The held-out loss of length range r (of `length_edges`) against real tokens."""
+        return Curve.of(self.eval_tokens, self.eval_by_length[:, r])
+
+
+def _by_length_of(run: RunRecord, ev: dict | None) -> tuple[list[int], str, np.ndarray]:
+    """(edges, what they are, [evaluations, ranges] held-out loss) of a run's held-out loss by
+    document length: by its length ranges where it recorded them (one bucket), by its buckets
+    where it has several; ([], "", no column) where it recorded neither."""
+    n = len(ev["loss"]) if ev is not None else 0
+    if ev is not None and run.evals.range_edges and "loss_by_length" in ev:
+        return list(run.evals.range_edges), "length ranges", ev["loss_by_length"]
+    K = len(run.edges) - 1
+    if ev is not None and K > 1 and ev["loss_by_bucket"].shape[1] == K:
+        return list(run.edges), "buckets", ev["loss_by_bucket"]
+    return [], "", np.zeros((n, 0))
 
 
 def _warnings(run: RunRecord, ref: RunRecord) -> list[str]:
@@ -94,10 +121,68 @@ def _trend(s: Standing) -> str:
     return f"its {gap} {way} by {abs(s.trend):.3f} over the last evaluations"
 
 
+def _edges_text(run: RunCurves) -> str:
+    e = run.length_edges
+    return f"{', '.join(range_label(e, r) for r in range(len(e) - 1))} tok ({run.length_source})"
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if np.isfinite(x) else None
+
+
+def by_length(run: RunCurves, ref: RunCurves, at: float | None) -> dict | None:
+    """Each length range's held-out loss of `run` and `ref` at `at` real tokens (their last
+    common token count) and the difference (run - reference; < 0: the run is better there),
+    where both split it by the same edges; otherwise a note saying why not. None where
+    neither run recorded held-out loss by length."""
+    a, b = run.length_edges, ref.length_edges
+    if not a and not b:
+        return None
+    out: dict = {"at": at, "ranges": None, "run_ranges": a, "reference_ranges": b}
+    out["by_range"], out["note"] = [], None
+    if not a or not b:
+        out["note"] = f"{run.name if not a else ref.name} recorded no held-out loss by length"
+    elif a != b:
+        out["note"] = (
+            f"{run.name} and {ref.name} split the held-out loss by different lengths "
+            f"({run.name}: {_edges_text(run)}; {ref.name}: {_edges_text(ref)}): not compared "
+            "range by range"
+        )
+    elif at is None:
+        out["note"] = "no common held-out evaluations"
+    else:
+        out["ranges"] = list(a)
+        for r in range(len(a) - 1):
+            x, y = run.held_out_by_length(r).at(at), ref.held_out_by_length(r).at(at)
+            d = {"range": range_label(a, r), "run": _finite(x), "reference": _finite(y)}
+            d["diff"] = _finite(x - y)
+            out["by_range"].append(d)
+    return out
+
+
+def by_length_line(c: dict) -> str | None:
+    """One line: each length range's held-out difference, or why there is none; None where
+    neither run recorded held-out loss by length."""
+    b = c.get("by_length")
+    if b is None:
+        return None
+    if b["note"] is not None:
+        return f"  held-out loss by document length: {b['note']}"
+    diffs = [
+        f"{d['range']} tok {d['diff']:+.3f}" if d["diff"] is not None else f"{d['range']} tok -"
+        for d in b["by_range"]
+    ]
+    return (
+        f"  held-out loss by document length at {_fmt_tokens(b['at'])} tokens, {c['run']} "
+        f"minus {c['reference']}: {', '.join(diffs)}"
+    )
+
+
 def compare(run: RunCurves, ref: RunCurves) -> dict:
-    """`run` against `ref`: its standing at equal tokens and at equal time, and when it reached
-    the reference's final held-out loss (in tokens and seconds, and as a ratio of the
-    reference's own)."""
+    """`run` against `ref`: its standing at equal tokens and at equal time, each length range's
+    held-out difference at the last common token count (`by_length`), and when it reached the
+    reference's final held-out loss (in tokens and seconds, and as a ratio of the reference's
+    own)."""
     tok = standing(run.held_out("tokens"), ref.held_out("tokens"))
     sec = standing(run.held_out("seconds"), ref.held_out("seconds"))
     out: dict = {
@@ -106,6 +191,7 @@ def compare(run: RunCurves, ref: RunCurves) -> dict:
         "equal_tokens": tok.to_dict() if tok else None,
         "equal_time": sec.to_dict() if sec else None,
         "warnings": _warnings(run.run, ref.run),
+        "by_length": by_length(run, ref, tok.at if tok else None),
     }
     if ref.eval_loss.size:
         target = float(ref.eval_loss[-1])

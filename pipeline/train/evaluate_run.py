@@ -23,6 +23,7 @@ from pipeline.learn.checkpoint import RUN_CONFIG_FILE, STATE_FILE, CheckpointErr
 __all__ = [
     "ASYNC_EVALS_DIR",
     "check_async_room",
+    "checkpoint_ranges",
     "validation_resources",
     "EVAL_RESULT_FILE",
     "read_async_evals",
@@ -37,6 +38,7 @@ __all__ = [
 EVAL_RESULT_FILE = "eval.json"
 # eval.mode=async: one JSON record per evaluation, <run dir>/evals/step_<8 digits>.json.
 ASYNC_EVALS_DIR = "evals"
+ASYNC_RANGES_KEY = "range_edges"  # in such a record: the run's length ranges, where it has them
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,7 @@ class _EvalInputs:
     checkpoint: str
     edges: list[int]
     eval_set: list = field(default_factory=list)  # [ObjectRef of the EvalSet]
+    ranges: list = field(default_factory=list)  # the run's length ranges ([]: none)
 
 
 def eval_loop(config: dict) -> None:
@@ -132,7 +135,9 @@ def eval_loop(config: dict) -> None:
     held_out = ray.get(inp.eval_set[0])
     batches = rank_eval_batches(cfg, held_out, top=inp.edges[-1], rank=rank, world_size=world)
     bf16 = cfg.train.bf16 == "on" or (cfg.train.bf16 == "auto" and device.type == "cuda")
-    evaluator = Evaluator(cfg.eval, batches, edges=inp.edges, device=device, bf16=bf16)
+    evaluator = Evaluator(
+        cfg.eval, batches, edges=inp.edges, device=device, bf16=bf16, ranges=inp.ranges
+    )
     metrics = evaluator.run(model)
     # Ray Train keeps the metrics of checkpointed reports only: rank 0 reports the figures with
     # a checkpoint holding them (beside the run: <run dir>/evaluate-<checkpoint>/).
@@ -164,6 +169,7 @@ def evaluate_checkpoint(cfg: RunConfig, target: EvalTarget, *, log=print) -> dic
         checkpoint=target.uri,
         edges=target.edges,
         eval_set=[ray.put(held_out)],
+        ranges=checkpoint_ranges(target.uri),
     )
     storage, name = target.uri.rsplit("/", 1)  # the run's directory, the checkpoint's name
     fs, path = filesystem_for(storage)
@@ -190,7 +196,19 @@ def evaluate_checkpoint(cfg: RunConfig, target: EvalTarget, *, log=print) -> dic
     return dict(result.metrics)
 
 
-def _evaluate_weights(cfg: RunConfig, state: dict, held_out, edges: list[int], device) -> dict:
+def checkpoint_ranges(uri: str) -> list[int]:
+    """The length ranges the run of checkpoint `uri` reported its training loss by (recorded in
+    its step history; [] for a bucketed run, or one recorded before ranges were), so that its
+    held-out loss is split by the same ones."""
+    from pipeline.train.history import read_history
+
+    fs, path = filesystem_for(uri)
+    return list(read_history(fs, path).range_edges)
+
+
+def _evaluate_weights(
+    cfg: RunConfig, state: dict, held_out, edges: list[int], device, ranges=()
+) -> dict:
     """The `eval/*` figures of weights `state` on one process (no process group)."""
     from pipeline.data.evalset import rank_eval_batches
     from pipeline.learn.model_check import build_model_or_refuse
@@ -200,15 +218,24 @@ def _evaluate_weights(cfg: RunConfig, state: dict, held_out, edges: list[int], d
     model.load_state_dict(state)
     batches = rank_eval_batches(cfg, held_out, top=edges[-1], rank=0, world_size=1)
     bf16 = cfg.train.bf16 == "on" or (cfg.train.bf16 == "auto" and device.type == "cuda")
-    return Evaluator(cfg.eval, batches, edges=edges, device=device, bf16=bf16).run(model)
+    evaluator = Evaluator(cfg.eval, batches, edges=edges, device=device, bf16=bf16, ranges=ranges)
+    return evaluator.run(model)
 
 
 def validate_checkpoint(
-    checkpoint, *, step: int, epoch: int, eval_set: list, edges: list[int], run_dir: str
+    checkpoint,
+    *,
+    step: int,
+    epoch: int,
+    eval_set: list,
+    edges: list[int],
+    run_dir: str,
+    ranges=(),
 ) -> dict:
     """Ray Train's validation function (eval.mode=async): evaluate a reported checkpoint in a
     task of its own, on one process, and record the figures in `<run_dir>/evals/` (where the
-    run's picture finds them) as well as returning them to Ray Train."""
+    run's picture finds them; with the run's length ranges `ranges`) as well as returning them
+    to Ray Train."""
     import time
 
     import ray
@@ -219,9 +246,11 @@ def validate_checkpoint(
     with checkpoint.as_directory() as d:
         cfg = RunConfig.model_validate(json.loads((Path(d) / RUN_CONFIG_FILE).read_text()))
         state = torch.load(f"{d}/model.pt", map_location=device, weights_only=True)
-    metrics = _evaluate_weights(cfg, state, ray.get(eval_set[0]), edges, device)
+    metrics = _evaluate_weights(cfg, state, ray.get(eval_set[0]), edges, device, ranges)
     metrics["eval/latency_s"] = time.perf_counter() - t0
     record = {"step": int(step), "epoch": int(epoch), **metrics}
+    if ranges:
+        record[ASYNC_RANGES_KEY] = [int(e) for e in ranges]
     fs, root = filesystem_for(run_dir)
     folder = f"{root.rstrip('/')}/{ASYNC_EVALS_DIR}"
     fs.create_dir(folder, recursive=True)
@@ -284,5 +313,6 @@ def read_async_evals(fs, rdir: str, num_buckets: int):
     for info in sorted(fs.get_file_info(sel), key=lambda i: i.base_name):
         if info.base_name.endswith(".json"):
             r = _read_json(fs, info.path)
-            out.append(r["step"], r["epoch"], r, num_buckets, r["eval/seconds"])
+            ranges = r.get(ASYNC_RANGES_KEY, ())
+            out.append(r["step"], r["epoch"], r, num_buckets, r["eval/seconds"], ranges)
     return out

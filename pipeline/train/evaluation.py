@@ -31,9 +31,11 @@ def evaluate_batches(
     edges,
     device: torch.device,
     bf16: bool = False,
+    ranges=(),
 ) -> EvalSums:
-    """This rank's sums over `batches` (MicroBatch objects), by the training buckets `edges`."""
-    total = EvalSums.zeros(len(edges) - 1)
+    """This rank's sums over `batches` (MicroBatch objects), by the training buckets `edges`
+    and, where the run has them, by its length ranges `ranges`."""
+    total = EvalSums.zeros(len(edges) - 1, ranges)
     with no_side_effects(model, device):
         for mb in batches:
             if mb.input_ids.numel() == 0:
@@ -42,12 +44,15 @@ def evaluate_batches(
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
                 logits = model(x["input_ids"], x["attention_mask"], x["position_ids"])
             loss, correct, tokens, length = document_sums(logits, x["labels"], x["attention_mask"])
-            total = total + EvalSums.of_documents(loss, correct, tokens, length, edges)
+            total = total + EvalSums.of_documents(loss, correct, tokens, length, edges, ranges)
     return total
 
 
 class Evaluator:
-    """Evaluates a model on this rank's held-out micro-batches and all-reduces the sums."""
+    """Evaluates a model on this rank's held-out micro-batches and all-reduces the sums. With
+    `ranges` (the length ranges the run's training loss is reported by, `RunSpec.ranges`; []
+    for a bucketed run, whose buckets are its length ranges) the held-out loss is split by them
+    too, in the same vector."""
 
     def __init__(
         self,
@@ -57,9 +62,11 @@ class Evaluator:
         edges,
         device: torch.device,
         bf16: bool = False,
+        ranges=(),
     ):
         self.cfg, self.batches, self.edges = cfg, batches, [int(e) for e in edges]
         self.device, self.bf16 = device, bf16
+        self.ranges = [int(e) for e in ranges]
 
     @property
     def num_buckets(self) -> int:
@@ -70,10 +77,15 @@ class Evaluator:
         plus `eval/seconds`; the same on every rank."""
         t0 = time.perf_counter()
         local = evaluate_batches(
-            model, self.batches(), edges=self.edges, device=self.device, bf16=self.bf16
+            model,
+            self.batches(),
+            edges=self.edges,
+            device=self.device,
+            bf16=self.bf16,
+            ranges=self.ranges,
         )
         v = torch.from_numpy(local.vector()).to(self.device)
-        total = EvalSums.from_vector(all_reduce(v).cpu().numpy(), self.num_buckets)
+        total = EvalSums.from_vector(all_reduce(v).cpu().numpy(), self.num_buckets, self.ranges)
         return {**total.metrics(), "eval/seconds": time.perf_counter() - t0}
 
 

@@ -16,6 +16,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from pipeline.core.evaluation import range_metric
+
 __all__ = [
     "COLUMNS",
     "EVAL_FILE",
@@ -131,6 +133,9 @@ EVAL_FILE = "eval_history.parquet"
 # held-out figures (pipeline.core.evaluation.EvalSums.metrics) and the seconds it took; the loss
 # of each training bucket is a list (NaN where the held-out set has no sample of that bucket).
 EVAL_COLUMNS = ("step", "epoch", "loss", "accuracy", "loss_per_sample", "tokens", "samples")
+# Where the run has length ranges (one bucket: `RunSpec.ranges`, the ranges of its training
+# loss), the held-out loss of each range is a list too, the ranges' edges in the metadata.
+EVAL_RANGE_COLUMN = "loss_by_length"
 
 
 @dataclass
@@ -139,6 +144,7 @@ class EvalHistory:
     resumed run neither repeats nor skips one."""
 
     rows: list[dict] = field(default_factory=list)
+    range_edges: list[int] = field(default_factory=list)  # [] where the run has no ranges
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -146,20 +152,42 @@ class EvalHistory:
     def steps(self) -> list[int]:
         return [int(r["step"]) for r in self.rows]
 
-    def append(self, step: int, epoch: int, metrics: dict, num_buckets: int, seconds: float):
+    def append(
+        self, step: int, epoch: int, metrics: dict, num_buckets: int, seconds: float, ranges=()
+    ):
+        """Record one evaluation's `eval/*` figures; `ranges`: the run's length ranges, whose
+        `eval/loss_by_length/<lo>-<hi>` figures are kept (NaN for one not in `metrics`)."""
+        nan = float("nan")
         by_bucket = [
-            float(metrics.get(f"eval/loss_by_bucket/{k}", float("nan"))) for k in range(num_buckets)
+            float(metrics.get(f"eval/loss_by_bucket/{k}", nan)) for k in range(num_buckets)
         ]
         row = {"step": int(step), "epoch": int(epoch), "seconds": float(seconds)}
         row.update({c: float(metrics[f"eval/{c}"]) for c in EVAL_COLUMNS[2:]})
         row["loss_by_bucket"] = by_bucket
+        if len(ranges) > 1:
+            self.range_edges = [int(e) for e in ranges]
+            R = len(ranges) - 1
+            row[EVAL_RANGE_COLUMN] = [
+                float(metrics.get(range_metric(ranges, r), nan)) for r in range(R)
+            ]
         self.rows.append(row)
 
     def truncate(self, steps_done: int) -> None:
         """Keep the evaluations of steps <= steps_done (a checkpoint's position)."""
         self.rows = [r for r in self.rows if r["step"] <= steps_done]
 
+    def _by_length(self) -> list[list[float]]:
+        """Each row's held-out loss per length range, NaN for a row recorded without them."""
+        R = len(self.range_edges) - 1
+        out = []
+        for r in self.rows:
+            v = r.get(EVAL_RANGE_COLUMN) or []
+            out.append([float(x) for x in v] if len(v) == R else [float("nan")] * R)
+        return out
+
     def arrays(self) -> dict[str, np.ndarray]:
+        """Each column as an array; `loss_by_bucket` [evals, buckets] and, with length ranges,
+        `loss_by_length` [evals, ranges]."""
         cols = (*EVAL_COLUMNS, "seconds")
         out = {c: np.asarray([r[c] for r in self.rows], dtype=np.float64) for c in cols}
         k = max((len(r["loss_by_bucket"]) for r in self.rows), default=0)
@@ -167,6 +195,9 @@ class EvalHistory:
         for i, r in enumerate(self.rows):
             by[i, : len(r["loss_by_bucket"])] = r["loss_by_bucket"]
         out["loss_by_bucket"] = by
+        if self.range_edges:
+            R = len(self.range_edges) - 1
+            out[EVAL_RANGE_COLUMN] = np.asarray(self._by_length(), dtype=np.float64).reshape(-1, R)
         return out
 
     def table(self) -> pa.Table:
@@ -175,14 +206,22 @@ class EvalHistory:
         t["loss_by_bucket"] = pa.array(
             [r["loss_by_bucket"] for r in self.rows], pa.list_(pa.float64())
         )
-        return pa.table(t)
+        if not self.range_edges:
+            return pa.table(t)
+        t[EVAL_RANGE_COLUMN] = pa.array(self._by_length(), pa.list_(pa.float64()))
+        edges = ",".join(str(int(e)) for e in self.range_edges).encode()
+        return pa.table(t, metadata={_RANGE_EDGES: edges})
 
     def write(self, directory: str) -> None:
         pq.write_table(self.table(), f"{directory}/{EVAL_FILE}")
 
     @classmethod
     def from_table(cls, table: pa.Table) -> EvalHistory:
-        return cls(rows=table.to_pylist())
+        meta = table.schema.metadata or {}
+        edges = []
+        if _RANGE_EDGES in meta and EVAL_RANGE_COLUMN in table.column_names:
+            edges = [int(e) for e in meta[_RANGE_EDGES].decode().split(",")]
+        return cls(rows=table.to_pylist(), range_edges=edges)
 
     @classmethod
     def read_dir(cls, directory: str) -> EvalHistory:

@@ -427,7 +427,11 @@ def _validation_config(cfg: RunConfig, inputs: LoopInputs):
     from pipeline.train.evaluate_run import validate_checkpoint, validation_resources
 
     fn = partial(
-        validate_checkpoint, eval_set=inputs.eval_set, edges=inputs.edges, run_dir=run_dir(cfg)
+        validate_checkpoint,
+        eval_set=inputs.eval_set,
+        edges=inputs.edges,
+        run_dir=run_dir(cfg),
+        ranges=list(inputs.ranges),
     )
     return ValidationConfig(fn=fn, ray_remote_kwargs=validation_resources(cfg.scaling))
 

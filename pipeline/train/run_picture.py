@@ -4,7 +4,8 @@ Five panels answer the question a loss curve under bucketed batches raises -- do
 anything? -- and show what the pipeline costs: the raw step loss (each step coloured by its
 bucket) against the bucket-debiased loss and, with an `eval:` section, the held-out loss (the
 answer that does not depend on which bucket the last batch came from), each bucket's own loss over
-the run (and its held-out loss), the learning rate,
+the run (and its held-out loss; for a run with one bucket, the loss of each document length
+range, held-out too), the learning rate,
 padding efficiency and real tokens per second. A sixth panel states the run in numbers, among
 them the readability ratio: the variance of the step-to-step change of the debiased loss over
 that of the raw loss (below 1: the debiased curve is the steadier one to read).
@@ -29,7 +30,12 @@ from pipeline.train.history import (
     read_history,
 )
 from pipeline.train.picture_jumpiness import draw_jumpiness, history_jumpiness
-from pipeline.train.picture_ranges import draw_range_losses, has_ranges, range_lines
+from pipeline.train.picture_ranges import (
+    draw_range_evals,
+    draw_range_losses,
+    has_ranges,
+    range_lines,
+)
 from pipeline.train.reference import draw_reference, reference_lines, run_reference
 
 __all__ = ["PICTURE_FILE", "readability", "draw_history", "draw_run", "default_picture_path"]
@@ -130,6 +136,8 @@ def draw_history(
         ax_loss.legend(loc="upper right", fontsize=8)
     if ranges and n_buckets < 2:  # every step mixes every length: the loss by length instead
         draw_range_losses(ax_bucket, a, ranges, plt.get_cmap("viridis"))
+        if _held_by_length(ev, evals, ranges) is not None:
+            draw_range_evals(ax_bucket, ev, ranges, plt.get_cmap("viridis"))
     else:
         _draw_bucket_losses(fig, ax_bucket, a, ev, cmap, n_buckets, edges)
     ax_lr.plot(a["step"], a["lr"], color="#4477aa", lw=1.2)
@@ -140,7 +148,8 @@ def draw_history(
     _draw_speed(ax_tps, a)
     ax_text.axis("off")
     jumpy = history_jumpiness(a)
-    text = "\n".join(_summary_lines(a, ev, n_buckets, edges, ranges, reference or {}))
+    held = _held_by_length(ev, evals, ranges)
+    text = "\n".join(_summary_lines(a, ev, n_buckets, edges, ranges, reference or {}, held=held))
     ax_text.text(0.0, 1.0, text, va="top", ha="left", family="monospace", fontsize=9.5)
     fig.suptitle(title or "bucketray run", fontsize=12)
     fig.tight_layout()
@@ -239,6 +248,7 @@ def _summary_lines(
     edges: list[int] | None,
     ranges: list[int],
     reference: dict | None = None,
+    held: np.ndarray | None = None,
 ) -> list:
     """The text panel: the run in figures, the held-out evaluations and how to read the loss."""
     step, loss = a["step"], a["loss"].astype(float)
@@ -258,7 +268,7 @@ def _summary_lines(
         "",
     ]
     if ranges and n_buckets < 2:
-        lines += range_lines(a, ranges)
+        lines += range_lines(a, ranges, held=None if held is None else held[-1])
     else:
         lines += [
             "step-to-step variance, debiased / raw",
@@ -268,6 +278,14 @@ def _summary_lines(
     if edges:
         lines += ["", "edges: " + _wrap_edges(edges)]
     return lines
+
+
+def _held_by_length(ev: dict | None, evals: EvalHistory | None, ranges: list[int]):
+    """[evaluations, ranges]: the held-out loss by the run's length ranges, where its
+    evaluations recorded it by the same ranges as its training loss; None otherwise."""
+    if ev is None or not ranges or evals is None or list(evals.range_edges) != list(ranges):
+        return None
+    return ev.get("loss_by_length")
 
 
 def _clip_to_training(ax, loss: np.ndarray, held: np.ndarray) -> None:

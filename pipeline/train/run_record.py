@@ -1,7 +1,8 @@
 """What a run directory says about itself for comparisons (`jobs.compare_runs`): the held-out
 set it was evaluated on (a digest written by the driver when it reads the set), and the run's
-step history, evaluations and config from its latest checkpoint. Read offline, from the run
-directory alone (local or s3://)."""
+step history, evaluations (with the held-out loss by length range, where the run has ranges;
+an eval.mode=async run's from its `evals/` records), bucket edges and config from its latest
+checkpoint. Read offline, from the run directory alone (local or s3://)."""
 
 from __future__ import annotations
 
@@ -64,6 +65,7 @@ class RunRecord:
     evals: EvalHistory
     config: dict = field(default_factory=dict)  # the run's recorded config ({} if none)
     heldout: dict = field(default_factory=dict)  # heldout.json ({} if none)
+    edges: list[int] = field(default_factory=list)  # its training buckets' edges ([] if unknown)
 
 
 def _json(fs: pafs.FileSystem, path: str) -> dict:
@@ -91,14 +93,22 @@ def read_run(run_dir: str) -> RunRecord:
     found = latest_position(fs, rdir)
     if found is None:
         raise FileNotFoundError(f"no complete checkpoint under {run_dir}")
-    path, _ = found
+    path, position = found
     history = read_history(fs, path)
     if len(history) == 0:
         raise FileNotFoundError(f"{path} has no step history to compare")
+    edges = [int(e) for e in position.global_batch.get("buckets.edges", [])]
+    evals = read_evals(fs, path)
+    if len(evals) == 0:  # eval.mode=async records its evaluations beside the checkpoints
+        from pipeline.train.evaluate_run import read_async_evals
+
+        evals = read_async_evals(fs, rdir, max(len(edges) - 1, 1))
+        evals.truncate(position.steps_done)  # those of the steps this history holds
     return RunRecord(
         name=rdir.rsplit("/", 1)[-1],
         history=history,
-        evals=read_evals(fs, path),
+        evals=evals,
         config=_json(fs, f"{path}/{RUN_CONFIG_FILE}"),
         heldout=_json(fs, f"{rdir}/{HELDOUT_FILE}"),
+        edges=edges,
     )

@@ -131,7 +131,12 @@ class Trainer(Checkpointing):
         self.evaluator = None  # held-out evaluation (cfg.eval), over this rank's eval_batches()
         if cfg.eval is not None and eval_batches is not None:
             self.evaluator = Evaluator(
-                cfg.eval, eval_batches, edges=spec.edges, device=spec.device, bf16=self.bf16
+                cfg.eval,
+                eval_batches,
+                edges=spec.edges,
+                device=spec.device,
+                bf16=self.bf16,
+                ranges=spec.ranges,  # the held-out loss by the training loss's length ranges
             )
         self.optimizer = build_optimizer(self.model, t)
         self.scheduler = build_scheduler(self.optimizer, t, length.optimizer_steps)
@@ -380,7 +385,7 @@ class Trainer(Checkpointing):
             return {}
         m = self.evaluator.run(self.model)
         done, secs = self.steps_done, m["eval/seconds"]
-        self.evals.append(done, epoch, m, self.evaluator.num_buckets, secs)
+        self.evals.append(done, epoch, m, self.evaluator.num_buckets, secs, self.evaluator.ranges)
         axes = self.axes()
         m.update(reference_metrics(self.spec.reference, axes[REAL_TOKENS], m["eval/loss"]))
         self.logger.log({**m, **axes}, step=done)

@@ -1,6 +1,8 @@
 """Held-out samples longer than every training sample, in a real run (padded and packed) and in
 `jobs.evaluate --set eval.path=...`: cut at the top edge training uses, counted there, and
-evaluated on every worker (each worker raised "lengths fall outside edges" before)."""
+evaluated on every worker (each worker raised "lengths fall outside edges" before); a packed
+run of one bucket's held-out loss by length range is the same in the run and in
+`jobs.evaluate`."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import pytest
 
 from jobs import evaluate as evaluate_job
 from pipeline.core.config import validate
+from pipeline.core.evaluation import range_metric
+from pipeline.train.history import EvalHistory, StepHistory
 from pipeline.train.launch import run
 from tests.helpers import tiny_raw, write_held_out
 
@@ -36,8 +40,14 @@ def _training_data(directory: Path) -> str:
     return str(directory)
 
 
-@pytest.mark.parametrize("packed", [False, True])
-def test_held_out_samples_longer_than_every_training_sample(cluster, tmp_path, packed, capsys):
+@pytest.mark.parametrize(
+    "packed, one_bucket",
+    [(False, False), (True, False), (True, True)],
+    ids=["padded", "packed-2-buckets", "packed-1-bucket"],
+)
+def test_held_out_samples_longer_than_every_training_sample(
+    cluster, tmp_path, packed, one_bucket, capsys
+):
     held = write_held_out(tmp_path / "held", n=30, max_length=64)
     short = write_held_out(tmp_path / "short", n=12, max_length=24, seed=3)
     batching = {"mode": "packed", "row_tokens": 64, "rows_per_step": 4} if packed else None
@@ -48,6 +58,7 @@ def test_held_out_samples_longer_than_every_training_sample(cluster, tmp_path, p
         checkpoint={"run_name": f"long-{packed}"},
         eval={"path": held, "at_start": True},
         **({"batching": batching} if batching else {}),
+        **({"buckets": {"num_buckets": "auto"}} if one_bucket else {}),  # packed: one bucket
     )
     summary = run(validate(raw))
     printed = capsys.readouterr().out
@@ -62,3 +73,16 @@ def test_held_out_samples_longer_than_every_training_sample(cluster, tmp_path, p
         # short samples of the learnable corpus may repeat a training one: left out, counted
         assert evaluate_job.main([*args, "--set", "eval.on_overlap=drop"]) == 0
         assert n - 2 <= json.loads(out.read_text())["eval/samples"] <= n
+    # One bucket: the held-out loss by the training loss's length ranges, in the run's
+    # evaluations and in jobs.evaluate's figures of its last checkpoint (the same); none with
+    # buckets, whose buckets are the run's length ranges.
+    ranges = StepHistory.read_dir(summary.checkpoint).range_edges
+    evals = EvalHistory.read_dir(summary.checkpoint)
+    assert evals.range_edges == ranges
+    got = json.loads(out.read_text())
+    names = [range_metric(ranges, r) for r in range(len(ranges) - 1)]
+    assert sorted(k for k in got if k.startswith("eval/loss_by_length/")) == sorted(names)
+    assert (len(ranges) > 2) == one_bucket
+    if one_bucket:
+        last = evals.arrays()["loss_by_length"][-1]
+        assert [got[k] for k in names] == pytest.approx(last.tolist(), rel=1e-5, nan_ok=True)

@@ -139,7 +139,7 @@ def test_the_plot_draws_every_question_beside_the_json(tmp_path):
 
 def test_every_policy_gives_a_valid_config_and_windowed_ones_plan_their_windows(tmp_path):
     """Each policy's overrides validate against the demo config (packed ones without a batch
-    size), and a windowed policy's epoch has about the windows its name says."""
+    size), and a windowed policy's epoch is cut into the windows its name says."""
     import numpy as np
 
     from bench.outcome import Corpus, _plans, corpus_index, policy_config
