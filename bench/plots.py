@@ -242,9 +242,13 @@ def plot_outcome(results: dict, path: str | Path, labels: dict[str, str]) -> str
                 continue
             rate = results["throughput"][name]["s_per_real_token"] if x == "time" else 1.0
             grid, mean, lo, hi = _seed_band(by_seed, "step" if x == "step" else "tokens", rate)
-            color = cmap(names.index(name) % 10 if name in names else 9)
-            ax.plot(grid, mean, color=color, lw=1.4, label=labels.get(name, name))
-            ax.fill_between(grid, lo, hi, color=color, alpha=0.15, lw=0)
+            # A windowed variant (`<policy>_w<n>`) is drawn in its policy's colour, dashed.
+            base, _, windows = name.partition("_w")
+            base = base if windows.isdigit() else name
+            color = cmap(names.index(base) % 10 if base in names else 9)
+            ls = (0, (1.5 + 4 / max(int(windows), 1), 1.5)) if windows.isdigit() else "-"
+            ax.plot(grid, mean, color=color, lw=1.4, ls=ls, label=labels.get(name, name))
+            ax.fill_between(grid, lo, hi, color=color, alpha=0.15 if ls == "-" else 0.06, lw=0)
             lows.append(float(mean[len(mean) // 3]))
         if x == "time" and equal_time:
             budget = next(iter(equal_time.values()))["budget_s"]
