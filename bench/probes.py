@@ -1,12 +1,13 @@
-"""Memory probes of the delivery benchmarks: the object store's bytes in use and processes' RSS,
-polled in a thread while an epoch runs."""
+"""Memory probes of the delivery benchmarks: the object store's bytes in use (all nodes, or
+per node) and processes' RSS, polled in a thread while an epoch runs; and where a rank's blocks
+are stored when it is handed them."""
 
 from __future__ import annotations
 
 import threading
 import time
 
-__all__ = ["RssPeak", "StorePeak"]
+__all__ = ["NodeStorePeaks", "PartLocations", "RssPeak", "StorePeak"]
 
 
 class StorePeak:
@@ -95,3 +96,91 @@ class RssPeak:
         self._stop.set()
         self._thread.join()
         return self.peak
+
+
+class NodeStorePeaks:
+    """Polls every node's object store in a thread, each through its own raylet (`GetNodeStats`,
+    the per-node call behind `ray memory`; `StorePeak` reads the cluster's sum): per node id, its
+    bytes in use as the block starts (`base`), the peaks (absolute, not above `base`) of the bytes
+    in use (secondary copies included: evictable) and in primary copies, the spilled bytes added,
+    and the store's capacity. A node whose raylet does not answer keeps its last figures.
+    Private Ray API (`ray._private.internal_api.node_stats`), kept to the benchmarks."""
+
+    def __init__(self, every_s: float = 0.5):
+        import ray
+
+        alive = [n for n in ray.nodes() if n["Alive"]]
+        self.raylets = {n["NodeID"]: (n["NodeManagerAddress"], n["NodeManagerPort"]) for n in alive}
+        self.every_s, self._stop = every_s, threading.Event()
+        self.nodes: dict[str, dict] = {}
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _stats(self, node_id: str):
+        from ray._private.internal_api import node_stats
+
+        addr, port = self.raylets[node_id]
+        return node_stats(addr, port, include_memory_info=False).store_stats
+
+    def _poll(self) -> None:
+        for node_id in self.raylets:
+            try:
+                st = self._stats(node_id)
+            except Exception:  # a node going away, a slow raylet: keep what was seen
+                continue
+            d = self.nodes.setdefault(
+                node_id,
+                {
+                    "base": int(st.object_store_bytes_used),
+                    "base_spilled": int(st.spilled_bytes_total),
+                    "peak": 0,
+                    "peak_primary": 0,
+                },
+            )
+            d["peak"] = max(d["peak"], int(st.object_store_bytes_used))
+            d["peak_primary"] = max(d["peak_primary"], int(st.object_store_bytes_primary_copy))
+            d["spilled"] = int(st.spilled_bytes_total) - d["base_spilled"]
+            d["capacity"] = int(st.object_store_bytes_avail)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self._poll()
+
+    def __enter__(self):
+        self._poll()  # the levels before the block
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self._poll()
+
+
+class PartLocations:
+    """In a rank's process: as its stream accepts each part from the feeder (`RankPart.check`,
+    wrapped in this process only; delivery is unchanged), before any of its blocks is fetched,
+    records each block's size and the ids of the nodes holding it (`get_object_locations`,
+    asked of the blocks' owner) in `blocks`, and the seconds that took in `seconds`."""
+
+    def __init__(self):
+        from ray.experimental import get_object_locations
+
+        from pipeline.data.protocol import RankPart
+
+        self.blocks: list[tuple[int, list[str]]] = []
+        self.seconds = 0.0
+        check = RankPart.check
+
+        def watched(part, **kw):
+            check(part, **kw)
+            t = time.perf_counter()
+            refs = list(part.refs)
+            locs = get_object_locations(refs) if refs else {}
+            for ref in refs:
+                loc = locs.get(ref) or {}
+                self.blocks.append(
+                    (int(loc.get("object_size") or 0), list(loc.get("node_ids") or []))
+                )
+            self.seconds += time.perf_counter() - t
+
+        RankPart.check = watched

@@ -55,8 +55,8 @@ def chapter_bounds_for(plan: EpochPlan, delivery: DeliveryConfig) -> np.ndarray:
     """The chapter boundaries the config asks for (delivery.chapter_steps, chapter_tokens), or a
     windowed epoch's windows (each window is a chapter: its row groups are read with it); pass
     the full epoch's plan so a resume keeps them."""
-    if plan.window_steps is not None:
-        return np.asarray(plan.window_steps, dtype=np.int64)
+    if plan.window_steps is not None:  # an empty window is no chapter
+        return np.unique(np.asarray(plan.window_steps, dtype=np.int64))
     return plan_chapter_bounds(
         plan, max_steps=delivery.chapter_steps, max_tokens=delivery.chapter_tokens
     )

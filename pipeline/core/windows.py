@@ -17,7 +17,10 @@ reads each row group with its window:
    in a window (padded), or the rows each bucket closed at the window's end and the rows short
    of a whole step (packed), go, in their order, ahead of that bucket's samples in the next
    window. The last window cuts what is left as the global plan does (`drop_remainder`, a short
-   last step), so the fill stays that of the global plan.
+   last step), so the fill stays that of the global plan. A bucket with less than a batch in a
+   window carries it on again, so a row may train several windows after its own, and a window
+   may train no step at all (small windows, many buckets): `EpochPlan.window_steps` keeps one
+   start per window, equal starts for an empty one (`trained_windows`).
 
 Everything is a pure function of (lengths, row groups, edges, batching, seed, epoch), not of the
 world size (contract 8); one window (a corpus of at most `window_tokens`, or windows off) is the
@@ -55,6 +58,7 @@ from pipeline.core.sections import ConfigError
 
 __all__ = [
     "carried_rows",
+    "trained_windows",
     "row_group_windows",
     "sample_windows",
     "windowed_epoch_plan",
@@ -208,7 +212,7 @@ def windowed_epoch_plan(
         window_steps.append(window_steps[-1] + seq.size)
     flat, seq = np.concatenate(flats), np.concatenate(seqs).astype(np.int64)
     step_offsets = np.concatenate([[0], np.cumsum(np.concatenate(sizes))]).astype(np.int64)
-    sid, wsteps = ids[flat], np.unique(window_steps)  # a window may cut no whole batch
+    sid, wsteps = ids[flat], np.asarray(window_steps, dtype=np.int64)
     return EpochPlan(
         seed=plan.seed,
         epoch=epoch,
@@ -220,7 +224,12 @@ def windowed_epoch_plan(
         sample_ids=sid,
         lengths=lengths[flat],
         content_hash=hash_arrays(
-            f"bucketray-plan-v{PLAN_VERSION}-windows", edges, wsteps, seq, step_offsets, sid
+            f"bucketray-plan-v{PLAN_VERSION}-windows",
+            edges,
+            np.unique(wsteps),
+            seq,
+            step_offsets,
+            sid,
         ),
         num_dropped=dropped,
         pad_to_multiple_of=batching.pad_to_multiple_of,
@@ -306,7 +315,7 @@ def windowed_pack_epoch(
         step_rows=step_rows,
         row_bucket=np.concatenate(row_buckets).astype(np.int64),
     )
-    sid, wsteps = ids[flat], np.unique(window_steps)  # a window may fill no whole step
+    sid, wsteps = ids[flat], np.asarray(window_steps, dtype=np.int64)
     return EpochPlan(
         seed=seed,
         epoch=epoch,
@@ -320,7 +329,7 @@ def windowed_pack_epoch(
         content_hash=hash_arrays(
             f"bucketray-packed-v{PACK_VERSION}{spec!r}-windows",
             edges,
-            wsteps,
+            np.unique(wsteps),
             step_rows,
             row_offsets,
             sid,
@@ -331,17 +340,23 @@ def windowed_pack_epoch(
     )
 
 
+def trained_windows(plan: EpochPlan, steps: np.ndarray | None = None) -> np.ndarray:
+    """The window training each of `steps` (absolute; default: each of the plan's rows' step).
+    An empty window's start equals the next one's, so no step falls in it."""
+    if steps is None:
+        steps = np.repeat(np.arange(plan.num_steps), np.diff(plan.step_offsets)) + plan.first_step
+    return np.searchsorted(plan.window_steps, steps, side="right") - 1
+
+
 def carried_rows(plan: EpochPlan, read_window: np.ndarray) -> np.ndarray:
-    """Which of the plan's rows (aligned with `plan.sample_ids`) a window trains that the window
-    before it read: `read_window` is each planned row's window (its row group's). Every other
-    row is trained in the window that reads it, so an epoch that reads each window's row groups
-    once and holds these rows from one window to the next reads each row group once."""
+    """Which of the plan's rows (aligned with `plan.sample_ids`) a later window trains than the
+    one that reads them: `read_window` is each planned row's window (its row group's). Every
+    other row is trained in the window that reads it, so an epoch that reads each window's row
+    groups once and holds these rows until they train reads each row group once."""
     read_window = np.asarray(read_window, dtype=np.int64)
     if plan.window_steps is None:
         return np.zeros(read_window.size, dtype=bool)
-    step = np.repeat(np.arange(plan.num_steps), np.diff(plan.step_offsets)) + plan.first_step
-    trained = np.searchsorted(plan.window_steps, step, side="right") - 1
-    carried = read_window != trained
-    if not (read_window[carried] == trained[carried] - 1).all():
-        raise AssertionError("a windowed plan trains a row outside its window and the next")
-    return carried
+    trained = trained_windows(plan)
+    if (trained < read_window).any():
+        raise AssertionError("a windowed plan trains a row before its window")
+    return read_window != trained

@@ -1,12 +1,15 @@
 """A windowed epoch's carried rows, held from one window's Ray Data pass to the next.
 
 Each row group is in one window (`pipeline.core.windows`), and a window trains the rows of its
-row groups except the few it carries into the next window (`windows.carried_rows`). A window's
-pass therefore reads its own row groups once: the rows it trains, plus the rows it carries out,
-which are keyed past the end of its own rows, sorted into one more part and held here; the next
-window's pass takes them from here, re-keyed to their places, instead of reading their row groups
-again. Where nothing is held (a fresh feeder after a resume, a lead-in before), the carried-in
-rows are read from their row groups like any other.
+row groups except the few a later window trains (`windows.carried_rows`: usually the next; a
+bucket with less than a batch in a window carries on, and a window may train nothing). A
+window's pass therefore reads its own row groups once: the rows it trains, plus the rows it
+carries out (every row read so far that a later window trains: read now, or taken from what is
+held), keyed past the end of its own rows, sorted into one more part and held here for the next
+window that trains a step; that window's pass takes the rows it trains from here, re-keyed to
+their places, and carries the rest on, instead of reading their row groups again. Where nothing
+is held (a fresh feeder after a resume, a lead-in before), the carried-in rows are read from
+their row groups like any other.
 
 `CarryBook.plan_range` decides, per range, which of its rows come from what is held and which
 rows it carries out; the preparer runs the pass and `keep`s the carried part.
@@ -21,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.core.plan import EpochPlan
-from pipeline.core.windows import carried_rows
+from pipeline.core.windows import carried_rows, trained_windows
 
 __all__ = ["CarryBook", "RangeCarry", "rekey"]
 
@@ -29,13 +32,16 @@ __all__ = ["CarryBook", "RangeCarry", "rekey"]
 @dataclass(frozen=True, eq=False)
 class RangeCarry:
     """How one range of a windowed epoch meets the carry: `held` (rows of the range taken from
-    the held part: a mask over the range's rows), the held part itself and its sample ids, and
-    the sample ids the range carries out (read with it, keyed after its rows)."""
+    the held part: a mask over the range's rows), the held part itself, the sample ids the range
+    carries out (keyed after its rows) and which of them come from the held part (`out_held`;
+    the others are read with the range); its window, and the window its carried part goes into."""
 
     held: np.ndarray
     part: object | None
     out_sids: np.ndarray
     window: int
+    out_held: np.ndarray | None = None
+    into: int = -1
 
     @property
     def num_held(self) -> int:
@@ -49,8 +55,7 @@ class _EpochRows:
     def __init__(self, plan: EpochPlan, read_window: np.ndarray):
         self.read = read_window
         self.carried = carried_rows(plan, read_window)
-        step = np.repeat(np.arange(plan.num_steps), np.diff(plan.step_offsets)) + plan.first_step
-        self.trained = np.searchsorted(plan.window_steps, step, side="right") - 1
+        self.trained = trained_windows(plan)
 
 
 class CarryBook:
@@ -76,23 +81,29 @@ class CarryBook:
             return None
         rows = self._epoch_rows(full)
         ws = full.window_steps
-        w = int(np.searchsorted(ws, start, side="right") - 1)
+        w = int(trained_windows(full, np.array([start]))[0])
         lo = int(full.step_offsets[start - full.first_step])
         hi = int(full.step_offsets[end - full.first_step])
         held_part = self._held.get((full.epoch, w))
         held = np.zeros(hi - lo, dtype=bool)
+        out, into = np.zeros(0, dtype=np.int64), -1
         if held_part is not None:
             held = rows.carried[lo:hi] & np.isin(full.sample_ids[lo:hi], held_part[1])
-        out = np.zeros(0, dtype=np.int64)
-        if end == int(ws[w + 1]) and w + 1 < ws.size - 1:
-            out = full.sample_ids[rows.carried & (rows.read == w)]
-        return RangeCarry(held, None if held_part is None else held_part[0], out, w)
+        if end == int(ws[w + 1]) and end < int(ws[-1]):  # the window's end, not the epoch's
+            into = int(trained_windows(full, np.array([end]))[0])
+            out = full.sample_ids[(rows.read < into) & (rows.trained >= into)]
+        out_held = np.zeros(out.size, dtype=bool)
+        if held_part is not None:
+            out_held = np.isin(out, held_part[1])
+        part = None if held_part is None else held_part[0]
+        return RangeCarry(held, part, out, w, out_held, into)
 
-    def keep(self, epoch: int, window: int, part, sids: np.ndarray) -> None:
-        """Hold `part` (rows `sids`) for window `window` of `epoch`; forget what went into an
-        earlier window (the one before is kept, for a retried preparation)."""
+    def keep(self, epoch: int, window: int, part, sids: np.ndarray, since: int) -> None:
+        """Hold `part` (rows `sids`) for window `window` of `epoch`, the next to train a step
+        after window `since`; forget what went into a window before `since` (what went into
+        `since` is kept, for a retried preparation)."""
         self._held[(epoch, window)] = (part, np.asarray(sids, dtype=np.int64))
-        for k in [k for k in self._held if k < (epoch, window - 1)]:
+        for k in [k for k in self._held if k < (epoch, since)]:
             del self._held[k]
 
     def forget(self, epoch: int, window: int) -> None:

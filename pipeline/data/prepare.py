@@ -247,19 +247,25 @@ class RangePreparer:
         )
 
     def _windowed_parts(self, plan, keys, rank_rows, block_rows, key, carry) -> tuple:
-        """A windowed range's pass: its rows not held, and the rows it carries out (keyed after
-        its own), read; the held ones taken from the part held; the carried part kept.
+        """A windowed range's pass: its rows not held read, the held ones taken from the part
+        held; the rows it carries out (keyed after its own) read or, where held, taken too; the
+        carried part kept for the next window that trains.
         Returns (the ranks' parts, the read work list)."""
-        read = ~carry.held
-        n_out = int(carry.out_sids.size)
+        read, n_out = ~carry.held, int(carry.out_sids.size)
+        out_keys = plan.num_samples + np.arange(n_out)
+        out_held = np.zeros(n_out, dtype=bool) if carry.out_held is None else carry.out_held
         units = plan_read_units(
             self.index,
-            np.concatenate([plan.sample_ids[read], carry.out_sids]),
-            np.concatenate([keys[read], plan.num_samples + np.arange(n_out)]),
+            np.concatenate([plan.sample_ids[read], carry.out_sids[~out_held]]),
+            np.concatenate([keys[read], out_keys[~out_held]]),
         )
         held = None
-        if carry.num_held:
-            held = (carry.part, plan.sample_ids[carry.held], keys[carry.held])
+        if carry.num_held or out_held.any():
+            held = (
+                carry.part,
+                np.concatenate([plan.sample_ids[carry.held], carry.out_sids[out_held]]),
+                np.concatenate([keys[carry.held], out_keys[out_held]]),
+            )
         try:
             parts = sorted_parts(
                 self.fs, self.spec, plan, units, rank_rows, block_rows, key, held, n_out
@@ -277,11 +283,11 @@ class RangePreparer:
                 e,
             )
             self.carry.forget(key.epoch, carry.window)
-            none = np.zeros_like(carry.held)
-            carry = dataclasses.replace(carry, held=none, part=None)
+            none, none_out = np.zeros_like(carry.held), np.zeros_like(out_held)
+            carry = dataclasses.replace(carry, held=none, part=None, out_held=none_out)
             return self._windowed_parts(plan, keys, rank_rows, block_rows, key, carry)
         if n_out:
-            self.carry.keep(key.epoch, carry.window + 1, parts[-1], carry.out_sids)
+            self.carry.keep(key.epoch, carry.into, parts[-1], carry.out_sids, carry.window)
             parts = parts[:-1]
         return parts, units
 

@@ -13,7 +13,7 @@ import ray
 
 from pipeline.core.chapters import row_group_of
 from pipeline.core.epochs import epoch_windows
-from pipeline.core.windows import carried_rows
+from pipeline.core.windows import carried_rows, trained_windows
 from pipeline.data import (
     build_length_index,
     epoch_plan_for,
@@ -128,6 +128,44 @@ def test_windows_read_each_row_group_exactly_once_per_epoch(data):
         assert s["rows_sorted"] == int((trained == w).sum())
     # every row group of the corpus, read exactly once in the epoch
     assert sum(s["row_groups_read"] for s in status) == np.unique(rg_all).size
+
+
+def test_windows_rows_carried_for_several_windows_are_read_once(data):
+    """Sixteen buckets in windows of two row groups: a bucket with less than a batch in a window
+    carries it on, so rows train up to five windows after their own and the first window trains
+    no step. Every rank still trains exactly its view, and each row group is read once."""
+    cfg = data.cfg.model_copy(deep=True)
+    cfg.buckets.edges = list(range(0, 65, 4))
+    cfg.batching.token_budget = 1024
+    cfg.plan.window_tokens = 3600
+    cfg.delivery.row_cache = False
+    cfg.delivery.lead_tokens = None
+    edges = resolve_edges(cfg, data.index.lengths)
+    plan = epoch_plan_for(cfg, data.index, edges, 0, 2)
+    pos = np.searchsorted(data.index.sample_ids, plan.sample_ids)
+    late = trained_windows(plan) - epoch_windows(cfg, data.index, 0)[pos]
+    assert late.max() >= 2 and (np.diff(plan.window_steps) == 0).any()  # the case itself
+    name = f"windows-late-{uuid.uuid4().hex[:8]}"
+    start_feeder(cfg, data.index, edges, name=name, path=data.path, prefetch=False)
+    try:
+        gens = [
+            rank_batches(
+                name, epoch=0, start_step=0, rank=r, world_size=2, plan_hash=plan.content_hash
+            )
+            for r in range(2)
+        ]
+        streams = [list(g) for g in gens]
+        status = ray.get(ray.get_actor(name).history.remote())
+    finally:
+        stop_feeder(name)
+    for r, stream in enumerate(streams):
+        assert np.array_equal(_ids(stream), plan.rank_view(r).sample_ids)
+    rg_all = row_group_of(data.index.file_idx, data.index.rows, data.index.row_groups)
+    assert sum(s["row_groups_read"] for s in status) == np.unique(rg_all).size
+    # every carried row is taken held, but those the first pass trains (the empty first
+    # window's: no pass before it to hold them)
+    trained = trained_windows(plan)
+    assert sum(s["rows_held"] for s in status) == int(((late > 0) & (trained > trained[0])).sum())
 
 
 def test_windows_a_fresh_feeder_reads_the_carried_in_rows_again(data):
