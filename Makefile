@@ -31,7 +31,7 @@ test-all: test test-slow
 ## Benchmarks: each question's script writes benchmarks/<question>.json and its plots (hours on
 ## 2 cores, Ray for training, packed rows and delivery), then bench-render writes BENCHMARKS.md's
 ## tables and the README's headline from that JSON; then the feeder's sizing.
-BENCH_QUESTIONS := padding training packed delivery windows
+BENCH_QUESTIONS := padding training packed delivery windows window_cluster
 bench: $(STAMP)
 	for q in $(BENCH_QUESTIONS); do \
 		WANDB_MODE=disabled $(PY) -m bench.$$q --out benchmarks/$$q.json || exit 1; \

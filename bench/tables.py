@@ -22,6 +22,7 @@ from pathlib import Path
 from bench import gpu_blocks as gb
 from bench import outcome_blocks as ob
 from bench import table_blocks as tb
+from bench import window_cluster as wc
 from bench import windows as bw
 from bench.outcome import speed_vs_sorted
 from bench.table_blocks import columns, ran_on
@@ -149,11 +150,25 @@ BLOCKS: dict[str, tuple[tuple[str, ...], Callable[[dict], str]]] = {
     "first-steps": (("delivery",), tb.first_steps),
     "windows-ran": (("windows",), lambda r: ran_on("windows", r["windows"]["meta"])),
     "windows": (("windows",), bw.table),
+    "window-cluster": (("window_cluster",), lambda r: window_cluster(r["window_cluster"])),
 }
 README_BLOCKS = {
     README_HEADLINE: (HEADLINE, lambda r: headline_with_sources(r)),
     README_OUTCOME: (OUTCOME, ob.headline),
 }
+
+
+def window_cluster(r: dict) -> str:
+    """The simulated cluster's table (`bench.window_cluster`) and the commands that measured it."""
+    m = r["meta"]["machine"]
+    ran = {
+        "command": "; ".join(f"`{c}`" for c in r["meta"]["commands"]),
+        "machine": f"{m.get('cpu')}, {m.get('cores')} cores, {m.get('ram_gib')} GiB RAM",
+        "ray": m.get("ray"),
+        "git": f"{m.get('git_commit')}" + " (uncommitted changes)" * bool(m.get("git_dirty")),
+    }
+    ran_table = columns("measured by=command | machine=machine | Ray=ray | git=git", [ran])
+    return wc.render(list(r["sizes"].values())) + "\n\n" + ran_table
 
 
 def headline_with_sources(r: dict) -> str:

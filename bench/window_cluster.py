@@ -199,7 +199,7 @@ TABLE = (
     ("rank's bytes already on its node: median (min-max)", lambda r: _spread([x["local_share"] for x in r["cold"]["bytes"]["ranks"]], 0.01, 0, " %")),
     ("row groups read / window's, windows prepared", lambda r: f"{_f(r['reads']['read_per_row_group'], 1, 2)} ({len(r['reads']['windows'])} windows, exactly once: {'yes' if r['reads']['exactly_once'] else 'NO'})"),
     ("resume's first range: row groups read / window's", lambda r: "not measured" if not r["resume_reads"] else f"{r['resume_reads']['row_groups_read']} / {r['resume_reads']['of_window']}"),
-    ("feeder's peak held bytes", lambda r: _f(r["cold"]["feeder_peak_held_bytes"], MIB, 0, " MiB")),
+    ("prepared windows' blocks held at once (feeder's peak)", lambda r: _f(r["cold"]["feeder_peak_held_bytes"], MIB, 0, " MiB")),
     ("wall time; load avg before -> after", lambda r: f"{r['wall_s']:.0f} s; {r['load_before'][0]:.1f} -> {r['load_after'][0]:.1f}"),
     ("measured (UTC)", lambda r: r["date_utc"]),
 )  # fmt: skip
@@ -457,7 +457,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sync-steps", type=int, default=1, help="steps per lockstep (%(default)s)")
     p.add_argument("--store-gib", type=float, default=2.0, help="per worker node (%(default)s)")
     p.add_argument("--lead-in", action="store_true", help="the default lead-in (off: none)")
-    p.add_argument("--json", default="benchmarks/window_cluster.json", help="(%(default)s)")
+    p.add_argument(
+        "--json",
+        "--out",
+        dest="json",
+        default="benchmarks/window_cluster.json",
+        help="(%(default)s)",
+    )
     p.add_argument("--work", default="out/window_cluster", help="corpora (%(default)s)")
     a = p.parse_args(argv)
     a.sizes = [int(x) for x in a.samples.split(",") if x.strip()]
@@ -476,14 +482,14 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(a.json)
     out = json.loads(path.read_text()) if path.is_file() else {}
     argv = sys.argv[1:] if argv is None else argv
-    out["meta"] = {
-        "command": shlex.join(["python", "-m", "bench.window_cluster", *argv]),
-        "machine": machine_info(),
-    }
+    command = shlex.join(["python", "-m", "bench.window_cluster", *argv])
+    commands = [c for c in out.get("meta", {}).get("commands", []) if c != command]
+    out["meta"] = {"commands": [*commands, command], "machine": machine_info()}
     sizes = out.setdefault("sizes", {})
     for n in a.sizes:
         sizes[str(n)] = measure_size(n, a, log)  # replaced when measured again
         sizes[str(n)]["git_commit"] = out["meta"]["machine"]["git_commit"]
+        sizes[str(n)]["command"] = command
         write_json(path, out)
         log(f"{n:,}: {sizes[str(n)]['wall_s']:.0f} s; wrote {path}")
     print(render(list(sizes.values()), out["meta"]["machine"]))
