@@ -43,8 +43,8 @@ def _training_data(directory: Path) -> str:
 @pytest.mark.parametrize(
     "packed, one_bucket",
     [
-        (False, False),
-        # the default suite has packed rows in the one-bucket case; two buckets run with the slow
+        # the default suite runs the one-bucket packed case (a minute each); the rest are slow
+        pytest.param(False, False, marks=pytest.mark.slow),
         pytest.param(True, False, marks=pytest.mark.slow),
         (True, True),
     ],
