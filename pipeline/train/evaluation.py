@@ -8,6 +8,7 @@ the sums of every rank, so every rank returns the same `eval/*` figures.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable
 
@@ -90,10 +91,17 @@ class Evaluator:
 
 
 def eval_line(step: int, epoch: int, m: dict[str, float]) -> str:
-    """Rank 0's console line for one evaluation."""
-    return (
+    """Rank 0's console line for one evaluation; a run with one bucket adds each length range's
+    held-out loss (`eval/loss_by_length/<lo>-<hi>`, "-" where the range had no token)."""
+    line = (
         f"[bucketray] eval at step {step} (epoch {epoch}): held-out loss {m['eval/loss']:.4f} "
         f"(per sample {m['eval/loss_per_sample']:.4f}), accuracy {m['eval/accuracy']:.3f} | "
         f"{int(m['eval/samples']):,} samples, {int(m['eval/tokens']):,} tokens in "
         f"{m['eval/seconds']:.1f} s"
     )
+    prefix = "eval/loss_by_length/"
+    ranges = [(k[len(prefix) :], v) for k, v in m.items() if k.startswith(prefix)]
+    if ranges:
+        by = ", ".join(f"{r} {v:.3f}" if math.isfinite(v) else f"{r} -" for r, v in ranges)
+        line += f" | by length (tokens): {by}"
+    return line

@@ -296,3 +296,22 @@ def test_compare_runs_reads_an_async_runs_evaluations_by_range_up_to_its_checkpo
     assert run.run.evals.steps() == [10, 20] and run.length_edges == h.range_edges
     assert run.length_source == "length ranges"
     np.testing.assert_allclose(run.eval_by_length[:, 3], [2.4, 2.5])
+
+
+def test_the_console_line_gives_each_ranges_held_out_loss_and_a_bucketed_run_none():
+    from pipeline.train.evaluation import eval_line
+
+    base = {
+        "eval/loss": 2.5,
+        "eval/loss_per_sample": 2.4,
+        "eval/accuracy": 0.3,
+        "eval/samples": 30,
+        "eval/tokens": 900,
+        "eval/seconds": 0.5,
+    }
+    plain = eval_line(10, 0, base)
+    assert "by length" not in plain and plain.endswith("in 0.5 s")
+    m = base | {PREFIX + "1-60": 2.4812, PREFIX + "61-150": float("nan"), PREFIX + "151-512": 2.1}
+    line = eval_line(10, 0, m)
+    assert line.startswith(plain)
+    assert line.endswith(" | by length (tokens): 1-60 2.481, 61-150 -, 151-512 2.100")
