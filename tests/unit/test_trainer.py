@@ -207,6 +207,7 @@ def _stop_worker(rank: int, world: int, store: str, tmp: str) -> None:
         json.dumps({"status": status, "steps": t.steps_done, "reports": saver.reports})
     )
     dist.destroy_process_group()
+    os._exit(0)  # gloo's threads can abort the interpreter's exit (SIGABRT) after the work
 
 
 def test_stop_request_on_one_rank_checkpoints_every_rank_at_the_same_step():
@@ -237,6 +238,7 @@ def _unused_worker(rank: int, world: int, store: str, tmp: str) -> None:
             out[str(flag)] = [type(e).__name__, str(e), getattr(e, "retryable", True)]
     (Path(tmp) / f"rank{rank}.json").write_text(json.dumps(out))
     dist.destroy_process_group()
+    os._exit(0)  # gloo's threads can abort the interpreter's exit (SIGABRT) after the work
 
 
 def test_a_model_with_unused_parameters_stops_naming_the_field_or_trains_with_it():
