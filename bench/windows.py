@@ -35,6 +35,7 @@ from pipeline.core.windows import (
     MIN_ROW_GROUPS_PER_WINDOW,
     carried_rows,
     sample_windows,
+    trained_windows,
     windowed_epoch_plan,
     windowed_pack_epoch,
 )
@@ -110,8 +111,7 @@ def window_row(lengths, rg, n: int, packed: bool, glob: EpochPlan | None) -> dic
     glob_reads = chapter_read_bytes(base, ch, rg[base.sample_ids], sizes)["amplification"]
     held = [0.0]
     if n_win > 1:
-        step = np.repeat(np.arange(p0.num_steps), np.diff(p0.step_offsets))
-        trained = np.searchsorted(p0.window_steps, step, side="right") - 1
+        trained = trained_windows(p0)
         held = np.bincount(trained[carried], weights=p0.lengths[carried], minlength=n_win)
     return {
         "windows": n_win,

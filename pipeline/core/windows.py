@@ -348,15 +348,18 @@ def trained_windows(plan: EpochPlan, steps: np.ndarray | None = None) -> np.ndar
     return np.searchsorted(plan.window_steps, steps, side="right") - 1
 
 
-def carried_rows(plan: EpochPlan, read_window: np.ndarray) -> np.ndarray:
+def carried_rows(
+    plan: EpochPlan, read_window: np.ndarray, trained: np.ndarray | None = None
+) -> np.ndarray:
     """Which of the plan's rows (aligned with `plan.sample_ids`) a later window trains than the
-    one that reads them: `read_window` is each planned row's window (its row group's). Every
-    other row is trained in the window that reads it, so an epoch that reads each window's row
-    groups once and holds these rows until they train reads each row group once."""
+    one that reads them: `read_window` is each planned row's window (its row group's; `trained`,
+    each row's `trained_windows` where the caller has them). Every other row is trained in the
+    window that reads it, so an epoch that reads each window's row groups once and holds these
+    rows until they train reads each row group once."""
     read_window = np.asarray(read_window, dtype=np.int64)
     if plan.window_steps is None:
         return np.zeros(read_window.size, dtype=bool)
-    trained = trained_windows(plan)
+    trained = trained_windows(plan) if trained is None else trained
     if (trained < read_window).any():
         raise AssertionError("a windowed plan trains a row before its window")
     return read_window != trained

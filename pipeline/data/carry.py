@@ -54,8 +54,8 @@ class _EpochRows:
 
     def __init__(self, plan: EpochPlan, read_window: np.ndarray):
         self.read = read_window
-        self.carried = carried_rows(plan, read_window)
         self.trained = trained_windows(plan)
+        self.carried = carried_rows(plan, read_window, self.trained)
 
 
 class CarryBook:
