@@ -51,7 +51,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"warning: {w}")
     jumpiness = {r.name: jumpiness_of(r) for r in runs}
     for r in runs:
-        print(f"{r.name}: " + " ".join(" ".join(Jumpiness(**jumpiness[r.name]).lines()).split()))
+        print(
+            f"{r.name}: "
+            + " ".join(" ".join(Jumpiness.from_dict(jumpiness[r.name]).lines()).split())
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"comparisons": comparisons, "jumpiness": jumpiness}, f, indent=2)

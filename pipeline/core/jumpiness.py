@@ -13,24 +13,29 @@ The step loss is modelled as
   the step's composition is its groups' offsets weighted by
   their share of its tokens, centred on the run's average mix. A bucketed step is one group; a
   packed step holds every range, and only the deviation of its mix from the average counts;
-- rest: what neither explains (sampling noise, the optimiser's own steps, data quirks).
+- noise: what the step's draw of documents moves, where the run recorded it: each step's
+  sampling variance, from its documents' spread around their length range's mean loss
+  (`sampling_variance`); independent from step to step, it adds the two steps' variances to
+  each step-to-step change;
+- rest: what none of these explains (the optimiser's own steps, data quirks, and all of the
+  noise where the run recorded no sampling variance).
 
 Variances are of first differences (step to step), as `metrics.readability_ratio` measures
 them, after the first quarter of the run (warm-up and the steepest fall, where no offset is
 known yet). The shares are sequential: the schedule's is the variance the trend's removal
 removes, the composition's what removing the composition then removes, the rest what is left;
-they add up to 1. A part can come out slightly negative where removing it adds noise: that
-reads as "none". On short runs (tens of steps per bucket) the composition's share is
+the noise's share is its expected variance, and the rest what is left; they add up to 1. A part
+can come out slightly negative where removing it adds noise: that reads as "none". On short runs (tens of steps per bucket) the composition's share is
 understated, never overstated: its offsets are shrunk (tests/unit/test_jumpiness.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
-__all__ = ["Jumpiness", "decompose", "decompose_steps"]
+__all__ = ["Jumpiness", "decompose", "decompose_steps", "sampling_variance"]
 
 TREND_DEGREE = 3  # of the trend's polynomial in the step: smooth over a run's remaining steps
 MIN_STEPS = 12  # analysed steps below which nothing is said
@@ -46,9 +51,20 @@ class Jumpiness:
     composition: float
     rest: float
     groups: str  # what composition means here: "buckets", "length ranges" or "none"
+    noise: float = float("nan")  # sampling noise; NaN where the run did not record it
+
+    @property
+    def explained(self) -> float:
+        """The share the named causes explain (schedule, composition, and noise where known)."""
+        return self.schedule + self.composition + (self.noise if np.isfinite(self.noise) else 0)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return asdict(self) | {"explained": self.explained}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Jumpiness:
+        """The reading `to_dict` wrote (its derived `explained` dropped)."""
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
 
     def lines(self) -> list[str]:
         """The reading in a few short lines (console, picture)."""
@@ -56,10 +72,18 @@ class Jumpiness:
             return ["jumpiness: too few steps to take apart"]
         by = {"buckets": "bucket offsets", "length ranges": "length mix"}.get(self.groups)
         comp = f"{_pct(self.composition)} composition ({by})" if by else "no composition"
+        if not np.isfinite(self.noise):
+            return [
+                f"step-to-step loss variance ({self.steps} steps):",
+                f"  {comp},",
+                f"  {_pct(self.schedule)} schedule (smooth trend), {_pct(self.rest)} rest",
+            ]
+        # Each part is an estimate: where they add up to more than the whole, the rest is none.
+        rest = f"{_pct(self.rest)} rest" if self.rest >= 0 else "no rest"
         return [
-            f"step-to-step loss variance ({self.steps} steps):",
-            f"  {comp},",
-            f"  {_pct(self.schedule)} schedule (smooth trend), {_pct(self.rest)} rest",
+            f"step-to-step loss variance ({self.steps} steps, {_pct(min(self.explained, 1.0))} explained):",
+            f"  {comp}, {_pct(self.schedule)} schedule (smooth trend),",
+            f"  {_pct(self.noise)} sampling noise (the draw of documents), {rest}",
         ]
 
 
@@ -113,20 +137,28 @@ def _offsets(resid: np.ndarray, weights: np.ndarray, half: int) -> np.ndarray:
 
 
 def decompose(
-    loss: np.ndarray, weights: np.ndarray, group_loss: np.ndarray, *, groups: str = "buckets"
+    loss: np.ndarray,
+    weights: np.ndarray,
+    group_loss: np.ndarray,
+    *,
+    groups: str = "buckets",
+    noise: np.ndarray | None = None,
 ) -> Jumpiness:
     """Take apart the step-to-step variance of `loss` [T] (every step of a run, in order).
 
     `weights` [T, G]: each step's share of its supervised tokens in each group (rows add up to
     1); `group_loss` [T, G]: each group's token-mean loss in the step (anything where the
-    weight is 0). One group (or none): no composition. Steps whose loss is not finite are left
-    out. The first quarter of the steps is not analysed (module docstring)."""
+    weight is 0). One group (or none): no composition. `noise` [T]: each step's sampling
+    variance (`sampling_variance`), where known. Steps whose loss is not finite are left out.
+    The first quarter of the steps is not analysed (module docstring)."""
     y = np.asarray(loss, np.float64)
     W = np.asarray(weights, np.float64).reshape(y.size, -1)
     L = np.asarray(group_loss, np.float64).reshape(y.size, -1)
+    s2 = np.full(y.size, np.nan) if noise is None else np.asarray(noise, np.float64)
     keep = np.isfinite(y) & np.isfinite(W).all(axis=1)
-    y, W, L = y[keep], W[keep], L[keep]
-    y, W, L = y[y.size // 4 :], W[y.size // 4 :], L[y.size // 4 :]
+    y, W, L, s2 = y[keep], W[keep], L[keep], s2[keep]
+    q = y.size // 4
+    y, W, L, s2 = y[q:], W[q:], L[q:], s2[q:]
     W = np.where(np.isfinite(L), W, 0.0)
     T = y.size
     kind = groups if W.shape[1] > 1 else "none"
@@ -147,7 +179,29 @@ def decompose(
     v2 = float(np.var(np.diff(y - trend - comp)))
     if v0 <= 0:
         return Jumpiness(T, v0, 0.0, 0.0, 0.0, kind)
-    return Jumpiness(T, v0, (v0 - v1) / v0, (v1 - v2) / v0, v2 / v0, kind)
+    # Independent draws: a step-to-step change carries both steps' sampling variances.
+    share = float(np.mean(s2[:-1] + s2[1:]) / v0) if np.isfinite(s2).all() else float("nan")
+    rest = v2 / v0 - (share if np.isfinite(share) else 0.0)
+    return Jumpiness(T, v0, (v0 - v1) / v0, (v1 - v2) / v0, rest, kind, share)
+
+
+def sampling_variance(docs: np.ndarray) -> np.ndarray:
+    """[T]: each step's sampling variance, from `docs` [T, 6, G] (per step and group, the sums
+    of `pipeline.learn.range_loss.document_stats`: loss, tokens, documents, S^2, S*n, n^2).
+
+    The step's loss is a ratio of sums over the documents it drew; drawn at random within each
+    group (a bucket, a length range), a group's mean l_g = sum S_d / sum n_d varies with the
+    draw by D_g / (D_g - 1) * sum_d (S_d - l_g n_d)^2 / N_g^2 (the ratio estimator's variance),
+    and the step's loss by the groups' variances weighted by (N_g / N)^2. A group with one
+    document adds nothing (its spread is unknown): the figure errs low, never high."""
+    d = np.asarray(docs, np.float64)
+    loss, tok, D, ss, sn, nn = (d[:, i, :] for i in range(6))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(tok > 0, loss / np.where(tok > 0, tok, 1.0), 0.0)
+        spread = np.maximum(ss - 2 * mean * sn + mean**2 * nn, 0.0)
+        factor = np.where(D > 1, D / np.where(D > 1, D - 1, 1.0), 0.0)
+        N = tok.sum(axis=1)
+        return np.where(N > 0, (factor * spread).sum(axis=1) / np.where(N > 0, N, 1.0) ** 2, np.nan)
 
 
 def decompose_steps(
@@ -155,9 +209,11 @@ def decompose_steps(
     bucket: np.ndarray,
     range_loss: np.ndarray | None = None,
     range_tokens: np.ndarray | None = None,
+    noise: np.ndarray | None = None,
 ) -> Jumpiness:
     """`decompose` from a run's step history: the length ranges' sums where the run recorded
-    them (every step mixes every length), else each step's bucket (one group per step)."""
+    them (every step mixes every length), else each step's bucket (one group per step); each
+    step's sampling variance where recorded."""
     y = np.asarray(loss, np.float64)
     if range_loss is not None and range_tokens is not None and np.size(range_tokens):
         tok = np.asarray(range_tokens, np.float64)
@@ -165,10 +221,10 @@ def decompose_steps(
         with np.errstate(invalid="ignore", divide="ignore"):
             W = tok / np.where(total > 0, total, np.nan)
             L = np.asarray(range_loss, np.float64) / np.where(tok > 0, tok, np.nan)
-        return decompose(y, W, L, groups="length ranges")
+        return decompose(y, W, L, groups="length ranges", noise=noise)
     b = np.asarray(bucket, np.int64)
     G = int(b.max()) + 1 if b.size else 1
     W = np.zeros((y.size, G))
     W[np.arange(y.size), b] = 1.0
     L = np.where(W > 0, y[:, None], np.nan)
-    return decompose(y, W, L, groups="buckets")
+    return decompose(y, W, L, groups="buckets", noise=noise)

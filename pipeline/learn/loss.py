@@ -57,6 +57,10 @@ def _chunk_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float(), target, ignore_index=IGNORE_INDEX, reduction="sum")
 
 
+def _chunk_losses(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float(), target, ignore_index=IGNORE_INDEX, reduction="none")
+
+
 class _ChunkedCrossEntropy(torch.autograd.Function):
     """Sum of the fp32 cross-entropy of `flat` [N, V] against `target` [N], `chunk` rows at a
     time. The backward runs each chunk's cross-entropy backward again (the same kernels as the
@@ -64,12 +68,17 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
     gradient: one [N, V] allocation, never one per chunk."""
 
     @staticmethod
-    def forward(ctx, flat: torch.Tensor, target: torch.Tensor, chunk: int) -> torch.Tensor:
+    def forward(ctx, flat, target, chunk: int, per_token: torch.Tensor | None) -> torch.Tensor:
         ctx.save_for_backward(flat, target)
         ctx.chunk = chunk
         total = torch.zeros((), dtype=torch.float32, device=flat.device)
         for i in range(0, flat.shape[0], chunk):
-            total += _chunk_loss(flat[i : i + chunk], target[i : i + chunk])
+            if per_token is None:
+                total += _chunk_loss(flat[i : i + chunk], target[i : i + chunk])
+            else:  # each position's loss kept (0 where unsupervised), their sum the chunk's
+                ce = _chunk_losses(flat[i : i + chunk], target[i : i + chunk])
+                per_token[i : i + chunk] = ce
+                total += ce.sum()
         return total
 
     @staticmethod
@@ -84,15 +93,20 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
             (g,) = torch.autograd.grad(loss, x, grad_out)
             grad[i : i + ctx.chunk].copy_(g)
             del g, loss, x
-        return grad, None, None
+        return grad, None, None, None
 
 
 def token_sums(
-    logits: torch.Tensor, labels: torch.Tensor, *, chunk_tokens: int = LOSS_CHUNK_TOKENS
-) -> tuple[torch.Tensor, torch.Tensor]:
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    chunk_tokens: int = LOSS_CHUNK_TOKENS,
+    per_token: bool = False,
+) -> tuple[torch.Tensor, ...]:
     """(sum of next-token cross-entropy, number of correct top-1 predictions) over supervised
     tokens. Both are 0 for a batch without supervised tokens, and the loss stays attached to the
-    graph so backward still reaches every parameter.
+    graph so backward still reaches every parameter. `per_token`: a third tensor, each
+    position's fp32 loss [B*L] without gradient (0 where unsupervised), from the same forward.
 
     The targets are the labels shifted left with IGNORE_INDEX in the last column, so the logits
     are used as one [B*L, V] view (no copy). Above `chunk_tokens` positions, each chunk's fp32
@@ -102,14 +116,19 @@ def token_sums(
     target[:, :-1] = labels[:, 1:]
     flat, flat_t = logits.reshape(-1, V), target.reshape(-1)
     n = flat_t.numel()
-    if n <= chunk_tokens:
+    losses = None
+    if n <= chunk_tokens and per_token:
+        ce = _chunk_losses(flat, flat_t)
+        loss_sum, losses = ce.sum(), ce.detach()
+    elif n <= chunk_tokens:
         loss_sum = _chunk_loss(flat, flat_t)
     else:
-        loss_sum = _ChunkedCrossEntropy.apply(flat, flat_t, chunk_tokens)
+        losses = flat.new_zeros(n, dtype=torch.float32) if per_token else None
+        loss_sum = _ChunkedCrossEntropy.apply(flat, flat_t, chunk_tokens, losses)
     with torch.no_grad():
         # bf16 -> fp32 is exact, so the argmax of the low-precision logits is the same.
         correct = ((flat.argmax(-1) == flat_t) & (flat_t != IGNORE_INDEX)).sum()
-    return loss_sum, correct
+    return (loss_sum, correct, losses) if per_token else (loss_sum, correct)
 
 
 def ddp_loss_scale(global_tokens: int, world_size: int) -> float:

@@ -104,26 +104,27 @@ def _draw_verdicts(ax, comparisons: list[dict]) -> None:
 
 def _draw_jumpiness(ax, runs: list[RunCurves]) -> None:
     """Per run, a bar of its step-to-step variance's shares."""
-    from pipeline.train.picture_jumpiness import history_jumpiness
+    from pipeline.train.picture_jumpiness import PARTS, history_jumpiness, share_of
 
-    parts = (("composition", "#4477aa"), ("schedule", "#ccbb44"), ("rest", "#bbbbbb"))
+    widest = 1.0
     for i, r in enumerate(runs):
         j = history_jumpiness(r.a)
         left = 0.0
-        for name, colour in parts:
-            share = max(float(getattr(j, name)), 0.0) if np.isfinite(j.variance) else 0.0
+        for name, colour in PARTS:
+            share = share_of(j, name)
             ax.barh(i, share, left=left, color=colour, edgecolor="white",
                     label=name if i == 0 else None)  # fmt: skip
             if share >= 0.08:
                 ax.text(left + share / 2, i, f"{100 * share:.0f}%", ha="center", va="center",
                         fontsize=8)  # fmt: skip
             left += share
+        widest = max(widest, left)  # the parts are estimates: they may add up to a bit more
     ax.set_yticks(range(len(runs)))
     ax.set_yticklabels([r.name for r in runs])
     ax.invert_yaxis()
-    ax.set_xlim(0, 1)
+    ax.set_xlim(0, widest)
     ax.set_title("step-to-step training-loss variance, taken apart")
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.06), ncol=len(PARTS))
 
 
 _STYLES = ("-", "--", ":", "-.")

@@ -30,8 +30,22 @@ __all__ = [
 
 HISTORY_FILE = "history.parquet"
 # Columns, in order: global step (1-based: steps done after it), epoch, bucket of the step, raw
-# loss (supervised-token mean), debiased loss, learning rate, real and padded tokens, wall seconds.
-COLUMNS = ("step", "epoch", "bucket", "loss", "debiased", "lr", "real", "padded", "seconds")
+# loss (supervised-token mean), debiased loss, learning rate, real and padded tokens, wall seconds,
+# and the step loss's sampling variance (`pipeline.core.jumpiness.sampling_variance`; NaN where
+# not given, as in runs recorded before it was).
+COLUMNS = (
+    "step",
+    "epoch",
+    "bucket",
+    "loss",
+    "debiased",
+    "lr",
+    "real",
+    "padded",
+    "seconds",
+    "noise",
+)
+_OPTIONAL = {"noise": float("nan")}
 _TYPES = {"step": pa.int64(), "epoch": pa.int32(), "bucket": pa.int32()}
 # Where a run reports its loss by document length range (`RunSpec.ranges`): per step, each
 # range's token-loss sum and supervised tokens (lists), the ranges' edges in the file's metadata.
@@ -51,11 +65,11 @@ class StepHistory:
         return len(self.rows["step"])
 
     def append(self, **row: float) -> None:
-        missing = set(COLUMNS) - set(row)
+        missing = set(COLUMNS) - set(row) - set(_OPTIONAL)
         if missing:
             raise ValueError(f"history row without {sorted(missing)}")
         for c in COLUMNS:
-            self.rows[c].append(row[c])
+            self.rows[c].append(row.get(c, _OPTIONAL.get(c)))
         for c in RANGE_COLUMNS:
             self.ranges[c].append([float(v) for v in row.get(c, ())])
 

@@ -3,13 +3,27 @@ picture (a bar of the three shares under the text panel), the end of a run and `
 
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
 
 from pipeline.core.jumpiness import Jumpiness, decompose_steps
 
-__all__ = ["draw_jumpiness", "history_jumpiness", "print_run_jumpiness", "run_jumpiness"]
+__all__ = [
+    "PARTS",
+    "draw_jumpiness",
+    "share_of",
+    "history_jumpiness",
+    "print_run_jumpiness",
+    "run_jumpiness",
+]
 
-_PARTS = (("composition", "#4477aa"), ("schedule", "#ccbb44"), ("rest", "#bbbbbb"))
+PARTS = (
+    ("composition", "#4477aa"),
+    ("schedule", "#ccbb44"),
+    ("noise", "#99ddff"),
+    ("rest", "#bbbbbb"),
+)
 
 
 def history_jumpiness(a: dict) -> Jumpiness:
@@ -20,7 +34,14 @@ def history_jumpiness(a: dict) -> Jumpiness:
         a["bucket"].astype(int),
         a.get("range_loss"),
         a.get("range_tokens"),
+        a.get("noise"),
     )
+
+
+def share_of(j: Jumpiness, part: str) -> float:
+    """A part's share as drawn: 0 where it is negative or unknown."""
+    share = float(getattr(j, part))
+    return max(share, 0.0) if np.isfinite(share) and np.isfinite(j.variance) else 0.0
 
 
 def draw_jumpiness(fig, ax_text, j: Jumpiness) -> None:
@@ -28,14 +49,14 @@ def draw_jumpiness(fig, ax_text, j: Jumpiness) -> None:
     variance, its title the reading in words."""
     box = ax_text.get_position()
     ax = fig.add_axes([box.x0, 0.035, box.x1 - box.x0, 0.035])
-    ax.set_title("\n".join(j.lines()[:1] + [" ".join(" ".join(j.lines()[1:]).split())]),
-                 fontsize=8, loc="left")  # fmt: skip
+    rest = textwrap.wrap(" ".join(" ".join(j.lines()[1:]).split()), 64)
+    ax.set_title("\n".join(j.lines()[:1] + rest), fontsize=8, loc="left")
     if not np.isfinite(j.variance):
         ax.axis("off")
         return
     left = 0.0
-    for name, colour in _PARTS:
-        share = max(float(getattr(j, name)), 0.0)
+    for name, colour in PARTS:
+        share = share_of(j, name)
         ax.barh(0, share, left=left, color=colour, edgecolor="white")
         if share >= 0.08:
             ax.text(left + share / 2, 0, f"{name}\n{100 * share:.0f}%", ha="center",

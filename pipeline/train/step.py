@@ -26,10 +26,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from pipeline.core.collate import IGNORE_INDEX
+from pipeline.core.jumpiness import sampling_variance
 from pipeline.data.tensors import batch_tensors
 from pipeline.learn.loss import token_sums
 from pipeline.learn.packed_attention import attach_documents
-from pipeline.learn.range_loss import range_sums
+from pipeline.learn.range_loss import document_stats
 
 __all__ = ["GroupStats", "all_reduce", "device_inputs", "train_group"]
 
@@ -55,6 +56,9 @@ class GroupStats:
     # Per step and length range (`ranges` given): token-loss sums and supervised tokens.
     range_loss: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
     range_tokens: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    # Per step: the variance of its loss that comes from which documents it drew, within each
+    # length range (`pipeline.core.jumpiness.sampling_variance`).
+    noise: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def step_loss(self, i: int) -> float:
         return float(self.loss_sum[i] / max(self.tokens[i], 1))
@@ -119,7 +123,8 @@ def train_group(
     A micro-batch staged by `pipeline.train.prefetch` brings its device inputs (`mb.staged`).
     `ranges` (length-range edges) splits each step's token losses by the length of their
     document (`pipeline.learn.range_loss`), returned in `range_loss` and `range_tokens`; the
-    sums travel in the same all-reduce and the same copy.
+    sums travel in the same all-reduce and the same copy. Each step's sampling variance (within
+    its ranges, or over the step) is computed from per-document sums that travel there too.
     """
     n = len(group)
     xs = [getattr(mb, "staged", None) or device_inputs(mb, device) for mb in group]
@@ -131,6 +136,7 @@ def train_group(
     total = global_tokens.sum().clamp(min=1.0)
     scale = total.new_full((), float(world_size)) / total  # one float64 division, as on the host
     R = len(ranges) - 1 if ranges else 0
+    G = max(R, 1)  # the groups the document sums are split by: the ranges, or the whole step
     bounds = _to_device([float(e) for e in ranges[1:-1]], device) if R else None
     sums = []
     for i, x in enumerate(xs):
@@ -139,11 +145,10 @@ def train_group(
         with contextlib.nullcontext() if sync else model.no_sync():
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
                 logits = model(x["input_ids"], x["attention_mask"], x["position_ids"])
-            loss_sum, correct = token_sums(logits, x["labels"])
+            loss_sum, correct, losses = token_sums(logits, x["labels"], per_token=True)
             (loss_sum * scale.to(loss_sum.dtype)).backward()
         row = [torch.stack([loss_sum.detach().double(), correct.double()])]
-        if R:  # after the backward: no fp32 chunk of it is held beside the graph
-            row.append(range_sums(logits.detach(), x["labels"], x["attention_mask"], bounds, R))
+        row.append(document_stats(losses, x["labels"], x["attention_mask"], bounds, G))
         sums.append(torch.cat([r.flatten() for r in row]))
     norm = torch.full((1,), float("nan"), dtype=torch.float64, device=device)
     if clip is not None:
@@ -157,8 +162,9 @@ def train_group(
     all_reduce(summed)
     # The one synchronisation: every figure the host needs, in one copy.
     out = torch.cat([summed, global_tokens, norm]).cpu().numpy()
-    w = 2 + 2 * R  # per micro-batch: loss sum, correct, then R range loss sums and R tokens
+    w = 2 + 6 * G  # per micro-batch: loss sum, correct, then the [6, G] document sums
     per_mb = out[: w * n].reshape(n, w)
+    docs = per_mb[:, 2:].reshape(n, 6, G)
     mine = np.empty((n, _SUMMED))
     mine[:, :2] = per_mb[:, :2]
     mine[:, 2:] = out[w * n : (w + 3) * n].reshape(n, 3)
@@ -176,6 +182,7 @@ def train_group(
         sample_ids=[np.asarray(mb.sample_ids) for mb in group],
         grad_norm=float(out[k + n]),
         extra=out[h:k],
-        range_loss=per_mb[:, 2 : 2 + R],
-        range_tokens=per_mb[:, 2 + R :],
+        range_loss=docs[:, 0, :R],
+        range_tokens=docs[:, 1, :R],
+        noise=sampling_variance(docs),
     )

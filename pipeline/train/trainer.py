@@ -330,6 +330,7 @@ class Trainer(Checkpointing):
                 seconds=per_step_s,
                 range_loss=stats.range_loss[i] if spec.ranges else (),
                 range_tokens=stats.range_tokens[i] if spec.ranges else (),
+                noise=float(stats.noise[i]) if stats.noise.size else float("nan"),
             )
         self.recorder.record(epoch, stats)
         self.window.add(stats, wait_s)

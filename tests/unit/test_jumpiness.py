@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.core.jumpiness import decompose_steps
+from pipeline.core.jumpiness import decompose_steps, sampling_variance
 
 
 def _truth(y: np.ndarray, trend: np.ndarray, comp: np.ndarray) -> dict[str, float]:
@@ -107,3 +107,70 @@ def test_a_short_run_never_overstates_the_composition(seed, offset, noise):
     y, b, trend, comp = _bucketed(seed, T=90, offset=offset, noise=noise)
     j = decompose_steps(y, b)
     assert j.composition - _truth(y, trend, comp)["composition"] < 0.05, j
+
+
+def _drawn(seed: int, shock: float, T: int = 400, docs: int = 24):
+    """Steps of random buckets, each the token-weighted mean of `docs` documents drawn at
+    random (lengths 20-200; each a document effect plus token noise), every step moved by a
+    common `shock` the draw does not explain (what the optimiser's own steps would add). Returns
+    the step losses, buckets, [T, 6, 1] document sums, and the noise the draw put in."""
+    rng = np.random.default_rng(seed)
+    s = np.arange(T)
+    trend = 2.0 + np.exp(-s / 80)
+    b = rng.integers(0, 4, T)
+    offset = 0.25 * (b - 1.5) / 1.5
+    eps = rng.normal(0, shock, T)
+    n = rng.integers(20, 200, (T, docs)).astype(float)
+    mean = (trend + offset + eps)[:, None]
+    S = n * (mean + rng.normal(0, 0.3, (T, docs))) + np.sqrt(n) * rng.normal(0, 1.0, (T, docs))
+    y = S.sum(1) / n.sum(1)
+    stats = np.stack([S.sum(1), n.sum(1), np.full(T, docs), (S * S).sum(1), (S * n).sum(1),
+                      (n * n).sum(1)], axis=1)[:, :, None]  # fmt: skip
+    return y, b, stats, y - mean[:, 0], eps
+
+
+def _diff_share(part: np.ndarray, y: np.ndarray) -> float:
+    s = slice(y.size // 4, None)
+    return float(np.var(np.diff(part[s])) / np.var(np.diff(y[s])))
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("shock", [0.0, 0.03])
+def test_sampling_noise_is_the_draws_share_and_the_rest_what_it_does_not_explain(seed, shock):
+    """Known answer: the draw of documents puts a known noise in each step; its share is found
+    from the steps' own document sums, and what is left is the shock the draw does not explain
+    (none without one)."""
+    y, b, stats, drawn, eps = _drawn(seed, shock)
+    j = decompose_steps(y, b, noise=sampling_variance(stats))
+    assert abs(j.noise - _diff_share(drawn, y)) < 0.06, j
+    assert abs(j.rest - _diff_share(eps, y)) < 0.06, j
+    assert j.composition > 0.2 and j.explained == pytest.approx(1.0 - j.rest)
+    assert j.schedule + j.composition + j.noise + j.rest == pytest.approx(1.0)
+    assert "sampling noise" in " ".join(j.lines())
+
+
+def _group_sums(S: np.ndarray, n: np.ndarray) -> list[float]:
+    return [S.sum(), n.sum(), S.size, (S * S).sum(), (S * n).sum(), (n * n).sum()]
+
+
+def test_sampling_variance_counts_only_the_spread_within_each_range():
+    """Documents that differ only between ranges add no sampling noise; a range of one
+    document adds none (its spread is unknown); two that differ add the ratio estimator's."""
+    docs = np.zeros((2, 6, 2))
+    single = np.array([3.0 * 40]), np.array([40.0])  # range 1: one document, loss 3.0 a token
+    alike = np.array([2.0 * 10, 2.0 * 30]), np.array([10.0, 30.0])  # range 0: 2.0 a token
+    differ = np.array([2.0 * 10 + 20, 2.0 * 30 - 20]), np.array([10.0, 30.0])
+    docs[0, :, 0], docs[0, :, 1] = _group_sums(*alike), _group_sums(*single)
+    docs[1, :, 0], docs[1, :, 1] = _group_sums(*differ), _group_sums(*single)
+    S, m = differ
+    want = 2 / 1 * ((S - S.sum() / m.sum() * m) ** 2).sum() / (m.sum() + 40.0) ** 2
+    got = sampling_variance(docs)
+    assert got[0] == pytest.approx(0.0, abs=1e-12)
+    assert got[1] == pytest.approx(want) and want > 0
+
+
+def test_a_run_without_recorded_noise_reads_as_before():
+    y, b, _, _ = _bucketed(0)
+    j = decompose_steps(y, b)
+    assert np.isnan(j.noise) and j.explained == pytest.approx(j.schedule + j.composition)
+    assert "sampling noise" not in " ".join(j.lines())

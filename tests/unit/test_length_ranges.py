@@ -14,7 +14,8 @@ from pipeline.core.collate import collate
 from pipeline.core.length_ranges import report_ranges, run_ranges
 from pipeline.core.packed_collate import collate_packed
 from pipeline.learn.evaluate import document_sums
-from pipeline.learn.range_loss import document_lengths, range_sums
+from pipeline.learn.loss import token_sums
+from pipeline.learn.range_loss import document_lengths, document_stats, range_sums
 from pipeline.train.history import StepHistory
 from tests.unit import trainer_fixtures
 from tests.unit.test_step_syncs import _counted_run
@@ -70,6 +71,35 @@ def test_range_sums_add_each_token_to_its_documents_length_range(packed):
     np.testing.assert_allclose(got[0].numpy(), want_loss, rtol=1e-6)
     np.testing.assert_array_equal(got[1].numpy(), want_tokens)
     assert want_tokens.sum() > 0 and (want_tokens > 0).sum() >= 3
+
+
+@pytest.mark.parametrize("packed", [True, False])
+@pytest.mark.parametrize("edges", [[0, 6, 12, 20, 30], None])
+def test_document_stats_sum_each_documents_loss_and_tokens_in_its_range(packed, edges):
+    """Per range (or over the micro-batch): the loss and tokens, and over documents their count
+    and the sums of S^2, S*n and n^2, against the held-out path's per-document sums."""
+    rng = np.random.default_rng(2)
+    lengths = rng.integers(2, 30, 14)
+    x = _packed(rng, lengths, per_row=3) if packed else _padded(rng, lengths)
+    logits = torch.randn(*x["labels"].shape, 32, dtype=torch.float32)
+    S, _, n, length = document_sums(logits, x["labels"], x["attention_mask"])
+    G = 4 if edges else 1
+    r = assign(length, edges) if edges else np.zeros(len(S), int)
+    has = n > 0
+    want = [
+        np.bincount(r, weights=S, minlength=G),
+        np.bincount(r, weights=n, minlength=G),
+        np.bincount(r[has], minlength=G),
+        np.bincount(r, weights=S * S, minlength=G),
+        np.bincount(r, weights=S * n, minlength=G),
+        np.bincount(r, weights=n * n, minlength=G),
+    ]
+    _, _, per = token_sums(logits, x["labels"], per_token=True, chunk_tokens=37)
+    bounds = torch.tensor(edges[1:-1], dtype=torch.float64) if edges else None
+    got = document_stats(per, x["labels"], x["attention_mask"], bounds, G).numpy()
+    assert got.shape == (6, G)
+    np.testing.assert_allclose(got, np.stack(want), rtol=1e-6)
+    assert got[2].sum() == has.sum() >= 12  # every document with a supervised token, once
 
 
 def test_document_lengths_follow_the_mask_numbers_within_each_row():

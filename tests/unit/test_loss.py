@@ -154,6 +154,29 @@ def test_chunked_loss_equals_the_unchunked_loss_and_gradient():
     torch.testing.assert_close(g_chunked, g_full)
 
 
+@pytest.mark.parametrize("chunk", [10**9, 7])
+def test_per_token_losses_come_from_the_training_forward_with_the_same_sum_and_gradient(chunk):
+    """`per_token=True` keeps each position's loss (0 where unsupervised) from the forward that
+    trains, chunked or not; the loss and its gradient are the plain call's."""
+    torch.manual_seed(1)
+    mb = micro_batch(_rows(5, 6, 2, 30))
+    logits = torch.randn(*mb.input_ids.shape, CFG.vocab_size, requires_grad=True)
+    plain, _ = token_sums(logits, mb.labels, chunk_tokens=chunk)
+    (g_plain,) = torch.autograd.grad(plain, logits)
+    loss, _, per = token_sums(logits, mb.labels, chunk_tokens=chunk, per_token=True)
+    (g,) = torch.autograd.grad(loss, logits)
+    target = torch.full_like(mb.labels, -100)
+    target[:, :-1] = mb.labels[:, 1:]
+    want = torch.nn.functional.cross_entropy(
+        logits.detach().reshape(-1, CFG.vocab_size), target.reshape(-1), reduction="none"
+    )
+    assert not per.requires_grad and per.shape == (mb.labels.numel(),)
+    torch.testing.assert_close(per, want)
+    assert (per[target.reshape(-1) == -100] == 0).all() and (per > 0).sum() > 10
+    assert loss.item() == pytest.approx(plain.item(), rel=1e-6)
+    torch.testing.assert_close(g, g_plain)
+
+
 def test_bf16_logits_are_upcast_one_chunk_at_a_time(monkeypatch):
     """The loss never holds a [tokens, vocab] fp32 copy: each cross-entropy call sees at most
     chunk_tokens rows, in forward and in the recomputation of backward."""
