@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pipeline.core.config import RunConfig, load_config
@@ -20,6 +21,20 @@ from pipeline.core.config import RunConfig, load_config
 REPO = Path(__file__).resolve().parents[2]
 BASE_CONFIG = REPO / "configs" / "local.yaml"
 CHECKPOINT_EVERY = 10
+KILL_AFTER = 25  # steps trained before a fault on the global plan: resumed at step 10 or 20
+
+# A windowed epoch on the same tiny corpus cut into eight shards (row groups of ~19K real tokens):
+# three windows, starting at steps [0, 29, 48] of 81 at two workers. Without the row cache or a
+# lead-in, each window is one Ray Data pass over its own row groups, its carried rows held
+# between passes.
+WINDOWED = [
+    "data.synthetic.shards=8",
+    "plan.window_tokens=60000",
+    "delivery.row_cache=false",
+    "delivery.lead_tokens=null",
+]
+# The last whole checkpoint at this point is at step 30 or 40: inside the second window.
+WINDOW_KILL_AFTER = 45
 
 
 def fault_overrides(data_dir: Path, tmp: Path, name: str, *extra: str) -> list[str]:
@@ -224,24 +239,87 @@ def fault_data(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("fault-data")
 
 
-@pytest.fixture(scope="session")
-def reference(fault_data, tmp_path_factory) -> dict:
-    """The uninterrupted run, on its own local Ray instance: its records and summary."""
+def _reference_run(data: Path, tmp: Path, name: str, *extra: str) -> dict:
+    """An uninterrupted run, on its own local Ray instance: its records, its summary, and the
+    epoch-0 plan's window starts at 2 workers (`EpochPlan.window_steps`; None without windows)."""
     import ray
 
+    from pipeline.data import build_length_index, epoch_plan_for, resolve_edges
     from pipeline.train.launch import run
 
-    tmp = tmp_path_factory.mktemp("reference")
+    cfg = fault_config(data, tmp, name, *extra)
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
     try:
         t0 = time.monotonic()
-        summary = run(fault_config(fault_data, tmp, "reference"))
+        summary = run(cfg)
         seconds = time.monotonic() - t0
+        index = build_length_index(cfg)
+        plan = epoch_plan_for(cfg, index, resolve_edges(cfg, index.lengths), 0, 2)
     finally:
         ray.shutdown()
     records = read_records(tmp / "ids")
-    return {"records": records, "summary": summary, "seconds": seconds, "tmp": tmp}
+    return {
+        "records": records,
+        "summary": summary,
+        "seconds": seconds,
+        "tmp": tmp,
+        "window_steps": plan.window_steps,
+    }
+
+
+@pytest.fixture(scope="session")
+def reference(fault_data, tmp_path_factory) -> dict:
+    """The uninterrupted run, on its own local Ray instance: its records and summary."""
+    return _reference_run(fault_data, tmp_path_factory.mktemp("reference"), "reference")
+
+
+@pytest.fixture(scope="session")
+def window_data(tmp_path_factory) -> Path:
+    """The corpus of the windowed fault tests (eight shards: `WINDOWED`), generated on first use."""
+    return tmp_path_factory.mktemp("window-fault-data")
+
+
+@pytest.fixture(scope="session")
+def window_reference(window_data, tmp_path_factory) -> dict:
+    """The uninterrupted windowed run (`WINDOWED`), on its own local Ray instance."""
+    tmp = tmp_path_factory.mktemp("window-reference")
+    return _reference_run(window_data, tmp, "window-reference", *WINDOWED)
+
+
+@dataclass(frozen=True)
+class FaultCase:
+    """One fault test's setting: the corpus, the extra overrides, the uninterrupted run to match
+    and after how many trained steps the fault is injected."""
+
+    windowed: bool
+    data: Path
+    extra: tuple[str, ...]
+    reference: dict
+    kill_after: int
+
+    def assert_inside_a_later_window(self, step: int) -> None:
+        """With windows: the plan has several, and global step `step` (where the fault hit, or
+        where the run resumed) is inside one that is not the first (not at its start either)."""
+        if not self.windowed:
+            return
+        ws = self.reference["window_steps"]
+        assert ws is not None and ws.size - 1 >= 2, f"expected several windows: {ws}"
+        w = int(np.searchsorted(ws, step, side="right")) - 1
+        assert 1 <= w < ws.size - 1 and ws[w] < step < ws[w + 1], (step, ws.tolist())
+
+
+@pytest.fixture(params=[False, True], ids=["global", "windowed"])
+def fault_case(request, fault_data) -> FaultCase:
+    """The test once on the global plan, once windowed (`WINDOWED`, injected at
+    `WINDOW_KILL_AFTER`). Name it before any fixture that starts Ray (`two_nodes`): the windowed
+    reference, started from here on first use, runs on its own local instance."""
+    if request.param:
+        ref = request.getfixturevalue("window_reference")
+        data = request.getfixturevalue("window_data")
+        return FaultCase(True, data, tuple(WINDOWED), ref, WINDOW_KILL_AFTER)
+    ref = request.getfixturevalue("reference")
+    return FaultCase(False, fault_data, (), ref, KILL_AFTER)
 
 
 @pytest.fixture(scope="module")

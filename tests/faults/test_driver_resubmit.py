@@ -18,6 +18,7 @@ import pytest
 from tests.faults.conftest import (
     BASE_CONFIG,
     REPO,
+    FaultCase,
     assert_exact_recovery,
     attempts,
     fault_overrides,
@@ -32,9 +33,9 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 SECRET = "bucketray-test-secret-0123456789abcdef0123"
 
 
-def _job(fault_data: Path, tmp: Path, log: Path) -> subprocess.Popen:
+def _job(case: FaultCase, tmp: Path, log: Path) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "jobs.train", "--config", str(BASE_CONFIG)]
-    for o in fault_overrides(fault_data, tmp, "resubmitted", "wandb.mode=offline"):
+    for o in fault_overrides(case.data, tmp, "resubmitted", "wandb.mode=offline", *case.extra):
         cmd += ["--set", o]
     env = {
         **os.environ,
@@ -67,12 +68,18 @@ def _group_alive(pgid: int) -> list[int]:
 
 
 def test_contract7_killed_driver_resubmitted_resumes_same_wandb_run_exact_batches(
-    reference, fault_data, tmp_path
+    fault_case, tmp_path
 ):
-    first = _job(fault_data, tmp_path, tmp_path / "first.log")
+    """Global and windowed (killed, and resumed by a fresh feeder holding no carried rows,
+    inside the second window)."""
+    case, reference = fault_case, fault_case.reference
+    first = _job(case, tmp_path, tmp_path / "first.log")
     pgid = first.pid
     watcher, info = kill_when(
-        tmp_path / "ids", after_steps=25, rank=0, kill=lambda _: os.killpg(pgid, signal.SIGKILL)
+        tmp_path / "ids",
+        after_steps=case.kill_after,
+        rank=0,
+        kill=lambda _: os.killpg(pgid, signal.SIGKILL),
     )
     # Only the kill: the watcher's wait for a recovery ends with the second job, not before.
     deadline = time.monotonic() + 600
@@ -87,7 +94,7 @@ def test_contract7_killed_driver_resubmitted_resumes_same_wandb_run_exact_batche
     killed_at = info["steps_at_kill"]
 
     t0 = time.monotonic()
-    second = _job(fault_data, tmp_path, tmp_path / "second.log")
+    second = _job(case, tmp_path, tmp_path / "second.log")
     assert second.wait(timeout=900) == 0, (tmp_path / "second.log").read_text()[-4000:]
     resubmit_s = time.monotonic() - t0
     out = (tmp_path / "second.log").read_text()
@@ -98,6 +105,8 @@ def test_contract7_killed_driver_resubmitted_resumes_same_wandb_run_exact_batche
     assert f"resuming at epoch 0 step {rec.resumed_at}" in out
     assert f"trained {reference['summary'].steps} global steps" in out
     assert attempts(recs, 0)[1][0]["pid"] != attempts(recs, 0)[0][0]["pid"]
+    case.assert_inside_a_later_window(killed_at)  # the driver killed there
+    case.assert_inside_a_later_window(rec.resumed_at)  # and the resubmitted run resumed there
 
     # The same W&B run: both attempts' offline runs carry the id stored in the checkpoints.
     run_dir = tmp_path / "runs" / "resubmitted"
@@ -112,7 +121,7 @@ def test_contract7_killed_driver_resubmitted_resumes_same_wandb_run_exact_batche
     ]
     assert not leaks, leaks
     report(
-        "driver_killed_resubmitted",
+        "driver_killed_resubmitted" + ("_windowed" if case.windowed else ""),
         killed_after=killed_at,
         resumed_at=rec.resumed_at,
         rerun_steps=rec.rerun_steps,

@@ -133,23 +133,33 @@ def test_contract7_lost_node_fixed_size_waits_then_resumes_exact_batches(
 
 
 def test_contract8_lost_node_elastic_resumes_on_one_worker_same_global_batches(
-    two_nodes, reference, fault_data, tmp_path
+    fault_case, two_nodes, tmp_path
 ):
-    cluster, nodes = two_nodes
-    cfg = fault_config(fault_data, tmp_path, "lost-node-elastic", *_scaling(elastic=True))
+    """Global and windowed (the node lost, and the run resumed, inside the second window)."""
+    cluster, nodes = two_nodes  # after fault_case: its reference runs start a Ray of their own
+    case, ref = fault_case, fault_case.reference
+    cfg = fault_config(
+        case.data, tmp_path, "lost-node-elastic", *_scaling(elastic=True), *case.extra
+    )
     watcher, info = kill_when(
-        tmp_path / "ids", after_steps=25, rank=1, kill=lambda pid: cluster.remove_node(nodes[1])
+        tmp_path / "ids",
+        after_steps=case.kill_after,
+        rank=1,
+        kill=lambda pid: cluster.remove_node(nodes[1]),
     )
     fit, out = _run_in_thread(cfg)
     fit.join(timeout=900)
     watcher.join(timeout=60)
     assert "summary" in out, out.get("error")
     recs = read_records(tmp_path / "ids")
-    rec = assert_exact_recovery(recs, reference["records"])
+    rec = assert_exact_recovery(recs, ref["records"])
     assert rec.world_after == 1  # resized: rank 0 alone trains each whole global batch
-    assert out["summary"].steps == reference["summary"].steps
+    assert out["summary"].steps == ref["summary"].steps
+    assert out["summary"].samples == ref["summary"].samples
+    case.assert_inside_a_later_window(info["steps_at_kill"])  # the node lost there
+    case.assert_inside_a_later_window(rec.resumed_at)  # and the resumed run started there
     report(
-        "lost_node_elastic",
+        "lost_node_elastic" + ("_windowed" if case.windowed else ""),
         removed_after=info["steps_at_kill"],
         resumed_at=rec.resumed_at,
         rerun_steps=rec.rerun_steps,

@@ -12,6 +12,8 @@ import pytest
 from pipeline.data import build_length_index, epoch_plan_for, resolve_edges
 from pipeline.train.launch import run
 from tests.faults.conftest import (
+    WINDOW_KILL_AFTER,
+    WINDOWED,
     assert_exact_recovery,
     attempts,
     fault_config,
@@ -22,32 +24,6 @@ from tests.faults.conftest import (
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-# Eight row groups of ~19K real tokens: three windows ([0, 29, 48, 81] at two workers).
-WINDOWED = [
-    "data.synthetic.shards=8",
-    "plan.window_tokens=60000",
-    "delivery.row_cache=false",
-    "delivery.lead_tokens=null",
-]
-KILL_AFTER = 45  # the last whole checkpoint then, at step 30 or 40: inside the second window
-
-
-@pytest.fixture(scope="module")
-def window_data(tmp_path_factory):
-    return tmp_path_factory.mktemp("window-fault-data")
-
-
-@pytest.fixture(scope="module")
-def window_reference(local_ray, window_data, tmp_path_factory) -> dict:
-    tmp = tmp_path_factory.mktemp("window-reference")
-    t0 = time.monotonic()
-    summary = run(fault_config(window_data, tmp, "window-reference", *WINDOWED))
-    return {
-        "records": read_records(tmp / "ids"),
-        "summary": summary,
-        "seconds": time.monotonic() - t0,
-    }
-
 
 def test_windows_sigkilled_worker_resumes_inside_its_window_exact_batches(
     local_ray, window_reference, window_data, tmp_path
@@ -57,7 +33,7 @@ def test_windows_sigkilled_worker_resumes_inside_its_window_exact_batches(
     plan = epoch_plan_for(cfg, index, resolve_edges(cfg, index.lengths), 0, 2)
     ws = plan.window_steps
     assert ws.size - 1 == 3 and ws[1] < 30 < ws[2], ws  # resumed inside the second window
-    watcher, info = kill_when(tmp_path / "ids", after_steps=KILL_AFTER, rank=1)
+    watcher, info = kill_when(tmp_path / "ids", after_steps=WINDOW_KILL_AFTER, rank=1)
     t0 = time.monotonic()
     summary = run(cfg)
     seconds = time.monotonic() - t0
