@@ -7,7 +7,9 @@ from __future__ import annotations
 import threading
 import time
 
-__all__ = ["NodeStorePeaks", "PartLocations", "RssPeak", "StorePeak"]
+__all__ = ["INLINE", "NodeStorePeaks", "PartLocations", "RssPeak", "StorePeak", "node_bytes"]
+
+INLINE = "inline"  # a block with no node: small, in its owner's (the feeder's) memory
 
 
 class StorePeak:
@@ -184,3 +186,49 @@ class PartLocations:
             self.seconds += time.perf_counter() - t
 
         RankPart.check = watched
+
+
+def node_bytes(blocks, rank_node: list[str], nodes: list[str], placed=None) -> dict:
+    """Bytes per node of the blocks the ranks were handed: `blocks` holds (rank, bytes, the
+    nodes holding the block when handed); rank r runs on node `rank_node[r]`. A block comes from
+    its rank's node when that node holds it, else from the first node holding it, which sends
+    it (none: inline from its owner, INLINE). Per node: `stored` (bytes of the blocks it held),
+    `sent` (to ranks on other nodes), `own` (what its ranks got), `own_share` (of all bytes),
+    `sent_per_own` (sent / own; None without ranks); per rank: its bytes, those on its node.
+    `placed` ({node: bytes}): what each node sent copying blocks to their rank's node before
+    they were handed (`pipeline.data.prepare.place_blocks`), counted as sent too."""
+    stored, sent, own = dict.fromkeys(nodes, 0), dict.fromkeys(nodes, 0), dict.fromkeys(nodes, 0)
+    got, local = [0] * len(rank_node), [0] * len(rank_node)
+    for rank, size, where in blocks:
+        me = rank_node[rank]
+        for n in set(where):
+            stored[n] = stored.get(n, 0) + size
+        own[me] = own.get(me, 0) + size
+        got[rank] += size
+        if me in where:
+            local[rank] += size
+        else:
+            src = where[0] if where else INLINE
+            sent[src] = sent.get(src, 0) + size
+    for n, size in (placed or {}).items():
+        sent[n] = sent.get(n, 0) + size
+    total = sum(got)
+    per_node = {}
+    for n in [*nodes, *sorted(set(sent) - set(nodes))]:
+        o = own.get(n, 0)
+        per_node[n] = {"stored": stored.get(n, 0), "sent": sent.get(n, 0), "own": o}
+        per_node[n] |= {"own_share": o / total if total else 0.0}
+        per_node[n] |= {"sent_per_own": sent.get(n, 0) / o if o else None}
+    ratios = [v["sent_per_own"] for v in per_node.values() if v["sent_per_own"] is not None]
+    ranks = [
+        {"bytes": g, "local_bytes": loc, "local_share": loc / g if g else None}
+        for g, loc in zip(got, local, strict=True)
+    ]
+    shares = [r["local_share"] for r in ranks if r["local_share"] is not None]
+    return {
+        "total_bytes": total,
+        "nodes": per_node,
+        "ranks": ranks,
+        "max_sent_per_own": max(ratios) if ratios else None,
+        "min_local_share": min(shares) if shares else None,
+    }

@@ -38,7 +38,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from bench.common import loadavg, machine_info, write_json
-from bench.probes import NodeStorePeaks, PartLocations
+from bench.probes import INLINE, NodeStorePeaks, PartLocations, node_bytes
 from pipeline.core.chapters import row_group_of
 from pipeline.core.config import RunConfig
 from pipeline.core.epochs import epoch_plan_for, epoch_windows, resolve_edges
@@ -54,7 +54,6 @@ FEEDER = "bucketray-bench-window-cluster"
 WINDOWS_PER_EPOCH = 16
 SHARDS = 32  # jobs.make_data's default
 VOCAB = 512  # jobs.make_data's default
-INLINE = "inline"  # a block with no node: small, in its owner's (the feeder's) memory
 MIB = 2**20
 HEAD_STORE_BYTES = 2**29  # the head's object store: the feeder's small objects, a lead-in's blocks
 
@@ -64,48 +63,6 @@ def default_window_tokens(rg_tokens, windows: int = WINDOWS_PER_EPOCH) -> int:
     MIN_ROW_GROUPS_PER_WINDOW of its largest row groups (a smaller window is refused)."""
     t = np.asarray(rg_tokens, dtype=np.int64)
     return max(-(-int(t.sum()) // windows), MIN_ROW_GROUPS_PER_WINDOW * int(t.max()))
-
-
-def node_bytes(blocks, rank_node: list[str], nodes: list[str]) -> dict:
-    """Bytes per node of the blocks the ranks were handed: `blocks` holds (rank, bytes, the
-    nodes holding the block when handed); rank r runs on node `rank_node[r]`. A block comes from
-    its rank's node when that node holds it, else from the first node holding it, which sends
-    it (none: inline from its owner, INLINE). Per node: `stored` (bytes of the blocks it held),
-    `sent` (to ranks on other nodes), `own` (what its ranks got), `own_share` (of all bytes),
-    `sent_per_own` (sent / own; None without ranks); per rank: its bytes, those on its node."""
-    stored, sent, own = dict.fromkeys(nodes, 0), dict.fromkeys(nodes, 0), dict.fromkeys(nodes, 0)
-    got, local = [0] * len(rank_node), [0] * len(rank_node)
-    for rank, size, where in blocks:
-        me = rank_node[rank]
-        for n in set(where):
-            stored[n] = stored.get(n, 0) + size
-        own[me] = own.get(me, 0) + size
-        got[rank] += size
-        if me in where:
-            local[rank] += size
-        else:
-            src = where[0] if where else INLINE
-            sent[src] = sent.get(src, 0) + size
-    total = sum(got)
-    per_node = {}
-    for n in [*nodes, *sorted(set(sent) - set(nodes))]:
-        o = own.get(n, 0)
-        per_node[n] = {"stored": stored.get(n, 0), "sent": sent.get(n, 0), "own": o}
-        per_node[n] |= {"own_share": o / total if total else 0.0}
-        per_node[n] |= {"sent_per_own": sent.get(n, 0) / o if o else None}
-    ratios = [v["sent_per_own"] for v in per_node.values() if v["sent_per_own"] is not None]
-    ranks = [
-        {"bytes": g, "local_bytes": loc, "local_share": loc / g if g else None}
-        for g, loc in zip(got, local, strict=True)
-    ]
-    shares = [r["local_share"] for r in ranks if r["local_share"] is not None]
-    return {
-        "total_bytes": total,
-        "nodes": per_node,
-        "ranks": ranks,
-        "max_sent_per_own": max(ratios) if ratios else None,
-        "min_local_share": min(shares) if shares else None,
-    }
 
 
 def rank_rate(rec: dict, waits) -> dict:
@@ -196,7 +153,8 @@ TABLE = (
     ("store peak per node / window bytes (max): in use, primary", lambda r: f"{_f(max(_peaks(r)) / r['window_bytes'], 1, 2)}, {_f(max(_peaks(r, 'peak_primary')) / r['window_bytes'], 1, 2)}"),
     ("spilled, all nodes", lambda r: _f(sum(v.get("spilled", 0) for v in r["cold"]["store"].values()), MIB, 0, " MiB")),
     ("sent / own ranks' bytes, worst node (head: sent)", lambda r: f"{_f(r['cold']['bytes']['max_sent_per_own'], 1, 2)} ({_f(r['cold']['bytes']['nodes'].get('head', {}).get('sent', 0), MIB, 0, ' MiB')})"),
-    ("rank's bytes already on its node: median (min-max)", lambda r: _spread([x["local_share"] for x in r["cold"]["bytes"]["ranks"]], 0.01, 0, " %")),
+    ("blocks copied to their rank's node after the pass", lambda r: _f(sum(x.get("bytes_placed", 0) for x in r["cold"].get("ranges", [])), MIB, 0, " MiB")),
+    ("rank's bytes on its node when handed: median (min-max)", lambda r: _spread([x["local_share"] for x in r["cold"]["bytes"]["ranks"]], 0.01, 0, " %")),
     ("row groups read / window's, windows prepared", lambda r: f"{_f(r['reads']['read_per_row_group'], 1, 2)} ({len(r['reads']['windows'])} windows, exactly once: {'yes' if r['reads']['exactly_once'] else 'NO'})"),
     ("resume's first range: row groups read / window's", lambda r: "not measured" if not r["resume_reads"] else f"{r['resume_reads']['row_groups_read']} / {r['resume_reads']['of_window']}"),
     ("prepared windows' blocks held at once (feeder's peak)", lambda r: _f(r["cold"]["feeder_peak_held_bytes"], MIB, 0, " MiB")),
@@ -289,7 +247,8 @@ class RankActor:
 
 RANGE_KEYS = (
     "start_step", "end_step", "chapter", "tokens", "bytes", "row_groups_read", "rows_sorted",
-    "rows_held", "rows_carried_out", "in_feeder", "plan_s", "sort_s", "split_s",
+    "rows_held", "rows_carried_out", "in_feeder", "plan_s", "sort_s", "split_s", "bytes_placed",
+    "place_s",
 )  # fmt: skip
 
 
@@ -328,6 +287,10 @@ def _run(s: SimpleNamespace, start: int, stop: int, log, label: str) -> dict:
     nm = s.names.get
     blocks = [(i, z, [nm(n, n) for n in w]) for i, r in enumerate(recs) for z, w in r["blocks"]]
     ranges = [{k: h[k] for k in RANGE_KEYS} | {"ready_s": h["done_at"] - t0} for h in hist]
+    placed: dict = {}  # what each node sent placing the consumed ranges' blocks
+    for h in hist:
+        for node, size in (h["placed_from"] if h["start_step"] < stop else {}).items():
+            placed[nm(node, node)] = placed.get(nm(node, node), 0) + size
     log(f"{label}: done in {time.time() - t0:.0f} s, {len(hist)} ranges prepared")
     return {
         "wall_s": max(r["end"] for r in recs) - t0,
@@ -339,7 +302,7 @@ def _run(s: SimpleNamespace, start: int, stop: int, log, label: str) -> dict:
         # the ranges consumed, not the one prepared ahead
         "prep": prep_rates([h for h in hist if h["start_step"] < stop]),
         "rates": rates,
-        "bytes": node_bytes(blocks, s.rank_node, sorted(set(s.names.values()))),
+        "bytes": node_bytes(blocks, s.rank_node, sorted(set(s.names.values())), placed),
         "store": {s.names.get(k, k): v for k, v in store.nodes.items()},
         "feeder_peak_held_bytes": held,
     }

@@ -97,6 +97,7 @@ class Feeder:
         self._jobs: dict[tuple, Future] = {}
         self._retries: dict[tuple, int] = {}
         self._positions = RankPositions()  # where each rank last asked to start; under _lock
+        self._nodes: dict[tuple[int, int], str] = {}  # (world size, rank): its node; under _lock
         self._peak_held_bytes = 0
         self._history: collections.deque = collections.deque(maxlen=HISTORY)
         # One preparation at a time: two concurrent sorts would only compete for the same CPUs.
@@ -140,7 +141,11 @@ class Feeder:
         epoch = self.ranges.epoch(key.epoch, key.world_size)
         with self._lock:
             self._retries[key] = 0
-        prep = self.preparer.prepare(epoch, key, started=t0, note_retries=self.note_read_retries)
+        with self._lock:
+            nodes = [self._nodes.get((key.world_size, r)) for r in range(key.world_size)]
+        prep = self.preparer.prepare(
+            epoch, key, started=t0, note_retries=self.note_read_retries, nodes=nodes
+        )
         with self._lock:
             stats = dataclasses.replace(prep.stats, read_retries=self._retries.get(key, 0))
             # Not done yet: held at once = the finished preparations + this one.
@@ -163,13 +168,18 @@ class Feeder:
         rank: int,
         stale: str | None = None,
         end_step: int | None = None,
+        node: str | None = None,
     ) -> RankPart:
         """Rank `rank`'s part of the range from `start_step`: to its chapter's end, or, where
         nothing was prepared, a lead-in's first range (`RangeDecisions.end_for`). Once every
         rank has asked for this range (so none needs an earlier one), the next one (or the next
         epoch's first chapter) starts preparing: about two chapters are held at once. `stale`:
         a prep_id whose blocks a worker found lost, prepared again instead of handed out twice;
-        `end_step`: the end that worker had, kept so it can skip what it already delivered."""
+        `end_step`: the end that worker had, kept so it can skip what it already delivered;
+        `node`: the rank's node, where the blocks of the ranges prepared from now on are placed."""
+        if node is not None:
+            with self._lock:
+                self._nodes[(world_size, rank)] = node
         held = self._held(epoch, world_size, start_step) if end_step is None else None
         if held is not None:  # ranks restarting inside a range this feeder still holds
             (_, _, first, end), prep = held

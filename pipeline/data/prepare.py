@@ -19,6 +19,10 @@ range and per row group:
 
 `RangePreparer.prepare` returns a `PreparedRange`: the ranks' plan views and block refs, and
 `RangeStats`, typed; `RangeStats.as_dict` is the telemetry the feeder publishes.
+
+A Ray Data pass leaves its blocks where its reduce tasks ran; `place_blocks` then copies each
+rank's blocks that are not on the rank's node to it (one zero-CPU task per block, pinned to that
+node), while the range before trains, so a rank reads its rows from its own node's store.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ __all__ = [
     "RangePreparer",
     "RangeStats",
     "ReadStats",
+    "place_blocks",
 ]
 
 log = logging.getLogger("bucketray.data")
@@ -132,6 +137,11 @@ class RangeStats:
     # before (not read again), and rows read to be held for the next window.
     rows_held: int = 0
     rows_carried_out: int = 0
+    # Blocks copied to their rank's node after the pass (`place_blocks`): bytes, the bytes each
+    # node sent for it, and the time it took.
+    bytes_placed: int = 0
+    placed_from: dict = dataclasses.field(default_factory=dict)
+    place_s: float = 0.0
 
     def as_dict(self) -> dict:
         """The flat telemetry record (`Feeder.history`, `Feeder.status`, benchmarks)."""
@@ -139,7 +149,17 @@ class RangeStats:
         reads = dataclasses.asdict(d.pop("reads"))
         del reads["read_retries"]
         tail = {k: d.pop(k) for k in ("plan_s", "sort_s", "split_s", "plan_hash", "done_at")}
-        last = {k: d.pop(k) for k in ("read_retries", "rows_held", "rows_carried_out")}
+        last = {
+            k: d.pop(k)
+            for k in (
+                "read_retries",
+                "rows_held",
+                "rows_carried_out",
+                "bytes_placed",
+                "placed_from",
+                "place_s",
+            )
+        }
         return d | reads | tail | last
 
 
@@ -181,11 +201,14 @@ class RangePreparer:
         *,
         started: float,
         note_retries: Callable[[tuple, int], None],
+        nodes: list[str | None] | None = None,
     ) -> PreparedRange:
         """Prepare range `key` of its epoch (`epoch_ranges`: its full plan and chapter bounds).
         `started`: when the preparation began (perf_counter; plan_s counts from there);
         `note_retries(key, n)` is told the transient errors a read in this process retried (a
-        Ray Data pass's tasks report theirs to the calling feeder actor themselves)."""
+        Ray Data pass's tasks report theirs to the calling feeder actor themselves). `nodes`:
+        each rank's node, where known; where every rank's is, a pass's blocks are placed there
+        (`place_blocks`)."""
         full = epoch_ranges.plan
         plan_hash = full.content_hash
         plan = chapter_plan(full, key.start_step, key.end_step)
@@ -214,6 +237,11 @@ class RangePreparer:
         if parts:
             refs = [p.to_arrow_refs() for p in parts]
         t_split = time.perf_counter()
+        size, placed = int(sum(p.size_bytes() for p in parts)), {}
+        if parts and not local and nodes and all(nodes):  # every rank has said where it is
+            refs, placed = place_blocks(refs, list(nodes))
+            if placed:  # the pass's own copies of the moved blocks are no longer needed
+                parts = []
         stats = RangeStats(
             epoch=key.epoch,
             world_size=key.world_size,
@@ -222,7 +250,7 @@ class RangePreparer:
             epoch_steps=epoch_ranges.num_steps,
             chapter=epoch_ranges.chapter_of(key.start_step),
             chapters=epoch_ranges.num_chapters,
-            bytes=int(sum(p.size_bytes() for p in parts)),
+            bytes=size,
             steps=plan.num_steps,
             rows_sorted=plan.num_samples,
             row_groups_read=len(units),
@@ -236,6 +264,9 @@ class RangePreparer:
             done_at=time.time(),
             rows_held=held_rows,
             rows_carried_out=carried_out,
+            bytes_placed=sum(placed.values()),
+            placed_from=placed,
+            place_s=time.perf_counter() - t_split if placed else 0.0,
         )
         return PreparedRange(
             prep_id=uuid.uuid4().hex[:12],
@@ -359,3 +390,45 @@ class RangePreparer:
                 return UnitSlices.of_table(t.take(pa.array(pos)), u.keys), retries, "parquet"
         t, retries = read_unit(self.fs, self.spec, u)
         return UnitSlices.of_table(t, u.keys), retries, "parquet"
+
+
+def _block(block):
+    """A placement task's body: the block it is given, returned from the node it runs on."""
+    return block
+
+
+def place_blocks(refs: list[list], nodes: list[str | None]) -> tuple[list[list], dict]:
+    """Each rank's block refs, those not already on its node (`nodes[rank]`; None: unknown,
+    left where they are; a small block travels inside its ref and stays) copied there by a zero-CPU task pinned to that node (softly: a node
+    gone keeps the copy elsewhere), waited for. Returns (the refs, the bytes copied from each
+    node that held them)."""
+    import ray
+    from ray.experimental import get_object_locations
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    flat = [ref for rank_refs in refs for ref in rank_refs]
+    if not flat or not any(nodes):
+        return refs, {}
+    where = get_object_locations(flat)
+    copy = ray.remote(num_cpus=0, max_retries=3)(_block)
+    out, moved, copied = [], [], {}
+    for rank_refs, node in zip(refs, nodes, strict=True):
+        if node is None:
+            out.append(list(rank_refs))
+            continue
+        task = copy.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=True))
+        mine = []
+        for ref in rank_refs:
+            loc = where.get(ref) or {}
+            held_by = loc.get("node_ids") or ()
+            if not held_by or node in held_by:  # on its node, or small: inline in its ref
+                mine.append(ref)
+            else:
+                mine.append(task.remote(ref))
+                moved.append(mine[-1])
+                src = (loc.get("node_ids") or ["?"])[0]
+                copied[src] = copied.get(src, 0) + int(loc.get("object_size") or 0)
+        out.append(mine)
+    if moved:
+        ray.wait(moved, num_returns=len(moved), fetch_local=False)
+    return out, copied

@@ -94,8 +94,9 @@ def _chapter_batches(
     for loss in range(MAX_FEEDER_LOSSES + 1):
         try:
             # Asked again (after a loss) with the end it had, so what it already yielded is in it.
+            node = ray.get_runtime_context().get_node_id()  # its blocks are placed there
             part: RankPart = ray.get(
-                feeder.part.remote(epoch, world_size, start_step, rank, stale, end)
+                feeder.part.remote(epoch, world_size, start_step, rank, stale, end, node)
             )
             part.check(
                 epoch=epoch,

@@ -16,7 +16,8 @@ KEYS = [
     "epoch", "world_size", "start_step", "end_step", "epoch_steps", "chapter", "chapters",
     "bytes", "steps", "rows_sorted", "row_groups_read", "tokens", "in_feeder", "rg_cached",
     "rg_filled", "rg_parquet", "read_s", "gather_s", "plan_s", "sort_s", "split_s", "plan_hash",
-    "done_at", "read_retries", "rows_held", "rows_carried_out",
+    "done_at", "read_retries", "rows_held", "rows_carried_out", "bytes_placed", "placed_from",
+    "place_s",
 ]  # fmt: skip
 
 

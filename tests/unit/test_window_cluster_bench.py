@@ -58,6 +58,16 @@ def test_node_bytes_counts_what_each_node_holds_sends_and_its_ranks_get():
     assert got["min_local_share"] == pytest.approx(0.2)
 
 
+def test_node_bytes_counts_blocks_placed_before_they_were_handed_as_sent():
+    """Blocks copied to their rank's node by the feeder are local when handed, but the node
+    that held them sent them: that counts against its share."""
+    local = [(0, 7, ["a"]), (1, 5, ["b"])]
+    got = node_bytes(local, ["a", "b"], ["a", "b"], {"a": 5})
+    assert got["nodes"]["a"]["sent"] == 5 and got["nodes"]["b"]["sent"] == 0
+    assert got["max_sent_per_own"] == pytest.approx(5 / 7)
+    assert [r["local_share"] for r in got["ranks"]] == [1.0, 1.0]
+
+
 def test_node_bytes_with_every_block_local_sends_nothing():
     got = node_bytes([(0, 7, ["a"]), (1, 5, ["b"])], ["a", "b"], ["a", "b"])
     assert got["max_sent_per_own"] == 0.0 and got["min_local_share"] == 1.0
@@ -136,6 +146,7 @@ def _row(resume: bool) -> dict:
         },
         "bytes": node_bytes(BLOCKS, RANK_NODE, ["head", "n0", "n1"]),
         "feeder_peak_held_bytes": 150 * MIB,
+        "ranges": [{"bytes_placed": 3 * MIB}] if resume else [{}],
     }
     return {
         "samples": 50_000,
@@ -179,7 +190,8 @@ def test_render_one_column_per_size_with_what_was_measured():
     assert table[ratio][0] == "2.00, 0.50"
     assert table["spilled, all nodes"][0] == "3 MiB"
     assert table["sent / own ranks' bytes, worst node (head: sent)"][0] == "0.50 (0 MiB)"
-    assert table["rank's bytes already on its node: median (min-max)"][0] == "67 (20-75) %"
+    assert table["rank's bytes on its node when handed: median (min-max)"][0] == "67 (20-75) %"
+    assert table["blocks copied to their rank's node after the pass"] == ["3 MiB", "0 MiB"]
     reads = "row groups read / window's, windows prepared"
     assert table[reads][0] == "1.00 (1 windows, exactly once: yes)"
     assert table["resume's first range: row groups read / window's"][0] == "21 / 11"
