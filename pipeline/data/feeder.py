@@ -109,9 +109,13 @@ class Feeder:
     def _plan_epoch(self, epoch: int, world_size: int) -> EpochPlan:
         return epoch_plan_for(self.cfg, self.index, self.edges, epoch, world_size)
 
-    def _submit(self, key: tuple, stale: str | None = None) -> tuple[Future, bool]:
+    def _submit(
+        self, key: tuple, stale: str | None = None, ahead: bool = False
+    ) -> tuple[Future, bool]:
         """(the preparation of `key`, whether this call started it). A failed one, or the one
-        with prep_id `stale`, is dropped and started anew."""
+        with prep_id `stale`, is dropped and started anew. `ahead`: prepared before any rank
+        waits for it (a prefetch), so its blocks are placed on their ranks' nodes; a range a
+        rank waits for is handed out as the pass left it (its ranks pull while they train)."""
         with self._lock:
             fut = self._jobs.get(key)
             if fut is not None and fut.done():
@@ -120,7 +124,7 @@ class Feeder:
                     fut = None
             if fut is not None:
                 return fut, False
-            fut = self._jobs[key] = self._pool.submit(self._prepare, RangeKey(*key))
+            fut = self._jobs[key] = self._pool.submit(self._prepare, RangeKey(*key), ahead)
             return fut, True
 
     def _prepared(self, key: tuple, stale: str | None = None) -> PreparedRange:
@@ -135,14 +139,16 @@ class Feeder:
             log.warning("data: preparing %s had failed; preparing it again", key, exc_info=True)
             return self._submit(key)[0].result()
 
-    def _prepare(self, key: RangeKey) -> PreparedRange:
-        """Prepare `key` (`pipeline.data.prepare`), counting its read retries and the bytes held."""
+    def _prepare(self, key: RangeKey, ahead: bool = False) -> PreparedRange:
+        """Prepare `key` (`pipeline.data.prepare`), counting its read retries and the bytes held;
+        placing its blocks where it is prepared `ahead` (`_submit`)."""
         t0 = time.perf_counter()
         epoch = self.ranges.epoch(key.epoch, key.world_size)
         with self._lock:
             self._retries[key] = 0
         with self._lock:
             nodes = [self._nodes.get((key.world_size, r)) for r in range(key.world_size)]
+        nodes = nodes if ahead else None
         prep = self.preparer.prepare(
             epoch, key, started=t0, note_retries=self.note_read_retries, nodes=nodes
         )
@@ -242,7 +248,7 @@ class Feeder:
 
     def _prefetch(self, nxt: tuple) -> None:
         """Decide `nxt`'s range (a regular chapter) and queue its preparation."""
-        self._submit((*nxt, self.ranges.end_for(*nxt, None, may_lead=False)))
+        self._submit((*nxt, self.ranges.end_for(*nxt, None, may_lead=False)), ahead=True)
 
     def consumed(self, epoch: int, world_size: int, step: int, rank: int) -> bool:
         """Rank `rank` needs nothing before global step `step` of `epoch` any more (it asked to
