@@ -58,6 +58,16 @@ class Jumpiness:
         """The share the named causes explain (schedule, composition, and noise where known)."""
         return self.schedule + self.composition + (self.noise if np.isfinite(self.noise) else 0)
 
+    @property
+    def noise_shown(self) -> float:
+        """The noise's share as drawn and printed: at most what schedule and composition leave
+        (each part is an estimate from the run's own steps; on short runs they can add up to
+        more than the whole, and the rest is then none)."""
+        if not np.isfinite(self.noise):
+            return float("nan")
+        left = 1.0 - max(self.schedule, 0.0) - max(self.composition, 0.0)
+        return float(min(max(self.noise, 0.0), max(left, 0.0)))
+
     def to_dict(self) -> dict:
         return asdict(self) | {"explained": self.explained}
 
@@ -78,12 +88,16 @@ class Jumpiness:
                 f"  {comp},",
                 f"  {_pct(self.schedule)} schedule (smooth trend), {_pct(self.rest)} rest",
             ]
-        # Each part is an estimate: where they add up to more than the whole, the rest is none.
-        rest = f"{_pct(self.rest)} rest" if self.rest >= 0 else "no rest"
+        noise = f"{_pct(self.noise_shown)} sampling noise (the draw of documents"
+        if self.rest < 0:  # the parts' estimates add up to more than the whole (noise_shown)
+            noise += f"; estimated at {_pct(self.noise)} from {self.steps} steps), no rest"
+        else:
+            noise += f"), {_pct(self.rest)} rest"
         return [
-            f"step-to-step loss variance ({self.steps} steps, {_pct(min(self.explained, 1.0))} explained):",
+            f"step-to-step loss variance ({self.steps} steps, "
+            f"{_pct(min(self.explained, 1.0))} explained):",
             f"  {comp}, {_pct(self.schedule)} schedule (smooth trend),",
-            f"  {_pct(self.noise)} sampling noise (the draw of documents), {rest}",
+            f"  {noise}",
         ]
 
 

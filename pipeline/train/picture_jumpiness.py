@@ -40,7 +40,7 @@ def history_jumpiness(a: dict) -> Jumpiness:
 
 def share_of(j: Jumpiness, part: str) -> float:
     """A part's share as drawn: 0 where it is negative or unknown."""
-    share = float(getattr(j, part))
+    share = float(j.noise_shown if part == "noise" else getattr(j, part))
     return max(share, 0.0) if np.isfinite(share) and np.isfinite(j.variance) else 0.0
 
 

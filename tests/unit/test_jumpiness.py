@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.core.jumpiness import decompose_steps, sampling_variance
+from pipeline.core.jumpiness import Jumpiness, decompose_steps, sampling_variance
 
 
 def _truth(y: np.ndarray, trend: np.ndarray, comp: np.ndarray) -> dict[str, float]:
@@ -174,3 +174,17 @@ def test_a_run_without_recorded_noise_reads_as_before():
     j = decompose_steps(y, b)
     assert np.isnan(j.noise) and j.explained == pytest.approx(j.schedule + j.composition)
     assert "sampling noise" not in " ".join(j.lines())
+
+
+def test_parts_that_add_up_past_the_whole_show_the_noise_as_what_is_left():
+    """A short run's estimates can add up to more than 1: the noise is shown as what schedule
+    and composition leave, its estimate beside it, and the rest as none."""
+    over = Jumpiness(69, 1.0, 0.0, 0.02, -0.22, "length ranges", 1.20)
+    assert over.noise_shown == pytest.approx(0.98) and over.explained == pytest.approx(1.22)
+    text = " ".join(over.lines())
+    assert "100% explained" in text and "98% sampling noise" in text
+    assert "estimated at 120% from 69 steps" in text and "no rest" in text
+    under = Jumpiness(228, 1.0, 0.0, 0.78, 0.07, "buckets", 0.15)
+    assert under.noise_shown == pytest.approx(0.15)
+    assert "15% sampling noise (the draw of documents), 7% rest" in " ".join(under.lines())
+    assert Jumpiness.from_dict(under.to_dict()) == under
