@@ -6,7 +6,8 @@
 #   1. versions: the GPU, the driver, Python, torch and its CUDA, transformers;
 #   2. tests/gpu: packed varlen attention forward and backward against the fp32 reference, the
 #      Hugging Face packed paths against each document alone, fp32 steps on the GPU against the
-#      same steps on the CPU, host-device synchronisations per optimizer step, bf16 numerics;
+#      same steps on the CPU, host-device synchronisations per optimizer step, bf16 numerics,
+#      the per-document sums each step's sampling variance comes from;
 #   3. bench.gpu: the step benchmark (a ~1B Llama and the demo's decoder scaled up, bf16, on the
 #      seed902k preset's lengths; packed rows, auto-edge buckets, sorted-static and random at the
 #      same real tokens per step), written to $OUT_DIR/gpu.json and summarised against the goals.
