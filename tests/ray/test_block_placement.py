@@ -33,6 +33,8 @@ WORLD = 2
 
 @pytest.fixture(scope="module")
 def three_nodes():
+    if ray.is_initialized():  # a local Ray an earlier module of the session started
+        ray.shutdown()
     cluster = Cluster(
         initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False}
     )
