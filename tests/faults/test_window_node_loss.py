@@ -11,7 +11,6 @@ import uuid
 import numpy as np
 import pytest
 import ray
-from ray.cluster_utils import Cluster
 
 from pipeline.data import (
     build_length_index,
@@ -22,6 +21,7 @@ from pipeline.data import (
     stop_feeder,
 )
 from tests.faults.conftest import report
+from tests.ray.conftest import three_node_cluster
 from tests.ray.small_corpus import base_cfg, write_corpus
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -31,18 +31,8 @@ WORLD = 2
 
 @pytest.fixture
 def three_nodes():
-    """A head with no CPUs (driver and feeder only) and two 1-CPU nodes running every read,
-    sort and split task, so each holds part of every chapter's blocks."""
-    cluster = Cluster(
-        initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False}
-    )
-    nodes = [cluster.add_node(num_cpus=1) for _ in range(2)]
-    ray.init(address=cluster.address, log_to_driver=False)
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    cluster.wait_for_nodes()
-    yield cluster, nodes
-    ray.shutdown()
-    cluster.shutdown()
+    with three_node_cluster() as (cluster, nodes):
+        yield cluster, nodes
 
 
 def test_node_lost_mid_window_keeps_every_rank_sequence_exact(three_nodes, tmp_path):

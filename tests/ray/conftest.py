@@ -46,6 +46,29 @@ def private_ray(**kw) -> Iterator[object]:
         ray.shutdown()
 
 
+@contextmanager
+def three_node_cluster() -> Iterator[tuple]:
+    """A simulated cluster (`ray.cluster_utils.Cluster`) joined by this process: a head with no
+    CPUs (driver and feeder only) and two 1-CPU nodes running every read, sort and split task,
+    so each holds part of every pass's blocks. Yields (cluster, [the two worker nodes]); a Ray
+    this session started before is shut down first, as `private_ray` does."""
+    from ray.cluster_utils import Cluster
+
+    ray.shutdown()
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False}
+    )
+    try:
+        nodes = [cluster.add_node(num_cpus=1) for _ in range(2)]
+        ray.init(address=cluster.address, log_to_driver=False)
+        ray.data.DataContext.get_current().enable_progress_bars = False
+        cluster.wait_for_nodes()
+        yield cluster, nodes
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
 @pytest.fixture(scope="session")
 def _shutdown_ray_at_exit():
     yield

@@ -12,7 +12,6 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import ray
-from ray.cluster_utils import Cluster
 from ray.experimental import get_object_locations
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -24,6 +23,7 @@ from pipeline.data import (
     stop_feeder,
 )
 from pipeline.data.prepare import place_blocks
+from tests.ray.conftest import three_node_cluster
 from tests.ray.small_corpus import base_cfg, write_corpus
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -33,18 +33,8 @@ WORLD = 2
 
 @pytest.fixture(scope="module")
 def three_nodes():
-    if ray.is_initialized():  # a local Ray an earlier module of the session started
-        ray.shutdown()
-    cluster = Cluster(
-        initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False}
-    )
-    nodes = [cluster.add_node(num_cpus=1) for _ in range(2)]
-    ray.init(address=cluster.address, log_to_driver=False)
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    cluster.wait_for_nodes()
-    yield cluster, [n.node_id for n in nodes]
-    ray.shutdown()
-    cluster.shutdown()
+    with three_node_cluster() as (cluster, nodes):
+        yield cluster, [n.node_id for n in nodes]
 
 
 def _on(node: str):
