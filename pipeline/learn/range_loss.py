@@ -16,9 +16,8 @@ from __future__ import annotations
 import torch
 
 from pipeline.core.collate import IGNORE_INDEX
-from pipeline.learn.loss import LOSS_CHUNK_TOKENS, token_sums
 
-__all__ = ["document_lengths", "document_stats", "range_sums"]
+__all__ = ["document_lengths", "document_stats"]
 
 
 def document_lengths(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -94,20 +93,3 @@ def document_stats(
         for i, v in enumerate((torch.ones_like(S), S * S, S * n, n * n)):
             out[2 + i].index_add_(0, g, v)
         return out[:, :G]
-
-
-def range_sums(
-    logits: torch.Tensor,
-    labels: torch.Tensor,
-    attention_mask: torch.Tensor,
-    bounds: torch.Tensor,
-    num_ranges: int,
-    *,
-    chunk_tokens: int = LOSS_CHUNK_TOKENS,
-) -> torch.Tensor:
-    """[2, num_ranges] float64 on the logits' device: per length range, the token-loss sum and
-    the supervised tokens. `bounds` holds the ranges' inner edges (a range holds lengths in
-    (e_r, e_r+1]; float64, on the device); lengths past the top edge count in the last range."""
-    with torch.no_grad():
-        _, _, losses = token_sums(logits, labels, chunk_tokens=chunk_tokens, per_token=True)
-        return document_stats(losses, labels, attention_mask, bounds, num_ranges)[:2]
