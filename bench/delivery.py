@@ -198,7 +198,7 @@ def measure_delivery(
         # the first epoch fills the row cache (delivery.row_cache), the later ones read it
         "prepare_first_s": preps[0]["prepare_wall_s"],
         "prepare_later_s": med([p["prepare_wall_s"] for p in preps[1:]]) if repeats > 1 else None,
-        "row_cache": cfg.delivery.row_cache,
+        "row_cache": cfg.delivery_used.row_cache,
         "ray_tokens_per_s_per_consumer": per_consumer_med,
         "ray_tokens_per_s_per_consumer_all": [[round(v) for v in row] for row in per_consumer],
         "ray_tokens_per_s_total": med(totals),

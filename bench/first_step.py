@@ -151,7 +151,7 @@ def read_amplification(cfg: RunConfig, index, edges, world: int) -> dict:
     """Parquet bytes one epoch reads (index estimate, row groups weighted by their rows' ids),
     without and with a lead-in at step 0, as multiples of the corpus."""
     plan = epoch_plan_for(cfg, index, edges, 0, world)
-    d = cfg.delivery
+    d = cfg.delivery_used
     ranges = EpochRanges.of(plan, d)  # as the feeder cuts it
     b = ranges.bounds
     rg = row_group_of(index.file_idx, index.rows, index.row_groups)
@@ -219,7 +219,7 @@ def measure_first_steps(
         t = time.perf_counter()
         plan = epoch_plan_for(cfg, index, edges, 0, consumers)
         plan_s = time.perf_counter() - t
-        d = cfg.delivery
+        d = cfg.delivery_used
         b = EpochRanges.of(plan, d).bounds
         c = min(chapters, b.size - 1)
         cold = _run(cfg, index, edges, data_dir, 0, int(b[c]), consumers)

@@ -8,8 +8,9 @@ Per corpus size (seed902k preset, 32 shards as `jobs.make_data` writes it, writt
 one-CPU worker nodes, each with its own object store and resource `node<i>`. Rank r, a zero-CPU
 actor on node r // ranks-per-node, pulls its blocks through `rank_batches`, the ranks in step as
 under DDP. Windowed (default `plan.window_tokens`: tokens / 16, at least two of the largest row
-groups), `delivery.row_cache: false` (a window is one Ray Data pass on the worker nodes), no
-lead-in (--lead-in: the default one, read in the feeder on the head), prefetch on.
+groups), the delivery section at its defaults for windows: no row cache (a window is one Ray
+Data pass on the worker nodes) and no lead-in (--lead-in: the global plan's default lead-in,
+2**22 tokens, read in the feeder on the head), prefetch on.
 
 Measured: plan-ready time (index, edges, plan); a cold start (feeder start to each rank's first
 micro-batch) consumed through --windows-consumed windows, and a resume (a new feeder, the ranks
@@ -41,6 +42,7 @@ from bench.common import loadavg, machine_info, write_json
 from bench.probes import INLINE, NodeStorePeaks, PartLocations, node_bytes
 from pipeline.core.chapters import row_group_of
 from pipeline.core.config import RunConfig
+from pipeline.core.deliveryconfig import DEFAULT_LEAD_TOKENS
 from pipeline.core.epochs import epoch_plan_for, epoch_windows, resolve_edges
 from pipeline.core.synthetic import PRESETS
 from pipeline.core.windows import MIN_ROW_GROUPS_PER_WINDOW
@@ -312,7 +314,7 @@ def _plan_inputs(data_dir: str, cache: str, world: int, window_tokens, lead_in: 
     """Index, edges and epoch plan, each timed, with the windowed config."""
     base = {
         "data": {"path": data_dir, "cache_dir": cache},
-        "delivery": {"row_cache": False} | ({} if lead_in else {"lead_tokens": None}),
+        "delivery": {"lead_tokens": DEFAULT_LEAD_TOKENS} if lead_in else {},
         "model": {"vocab_size": VOCAB},
         "scaling": {"num_workers": world},
     }
@@ -419,7 +421,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--resume-steps", type=int, default=8, help="0: no resume (%(default)s)")
     p.add_argument("--sync-steps", type=int, default=1, help="steps per lockstep (%(default)s)")
     p.add_argument("--store-gib", type=float, default=2.0, help="per worker node (%(default)s)")
-    p.add_argument("--lead-in", action="store_true", help="the default lead-in (off: none)")
+    p.add_argument("--lead-in", action="store_true", help="a 2**22-token lead-in (off: none)")
     p.add_argument(
         "--json",
         "--out",

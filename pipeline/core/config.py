@@ -335,6 +335,11 @@ class RunConfig(_Section):
         top = int(self.data.max_length)
         return top, f"data.max_length={top} (the top edge of optimised buckets)"
 
+    @property
+    def delivery_used(self) -> DeliveryConfig:
+        """`delivery` with its defaults decided for this plan (`DeliveryConfig.resolved`)."""
+        return self.delivery.resolved(self.plan.window_tokens is not None)
+
     @model_validator(mode="before")
     @classmethod
     def _no_moved_keys(cls, data: Any) -> Any:
@@ -369,6 +374,11 @@ class RunConfig(_Section):
             raise ValueError(
                 "delivery.chapter_steps has no effect with plan.window_tokens (each window is a "
                 "chapter): remove delivery.chapter_steps, or plan.window_tokens"
+            )
+        if self.delivery.row_cache_dir is not None and not self.delivery_used.row_cache:
+            raise ValueError(
+                "delivery.row_cache_dir has no effect with plan.window_tokens (the row cache is "
+                "off with windows unless asked for): remove it, or set delivery.row_cache=true"
             )
         if self.scaling.min_workers is not None and self.plan.on_world_size_change == "refuse":
             raise ValueError(

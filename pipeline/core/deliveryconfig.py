@@ -7,6 +7,8 @@ which rows a rank trains at which step (the plan hashes do not depend on it). Im
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, PositiveInt, model_validator
 
 from pipeline.core.sections import PATH, _Section
@@ -41,14 +43,15 @@ class DeliveryConfig(_Section):
     chapter_steps: PositiveInt | None = Field(
         None, description="Most global steps one chapter holds; null: no limit."
     )
-    lead_tokens: PositiveInt | None = Field(
-        DEFAULT_LEAD_TOKENS,
+    lead_tokens: PositiveInt | Literal["auto"] | None = Field(
+        "auto",
         description="After a start or resume, the first range's real tokens, each next 4x; "
-        "null: no lead-in.",
+        "auto: 2**22, none with windows; null: none.",
     )
-    row_cache: bool = Field(
-        True,
-        description="Decode each row group once into a file on the feeder's node (4 B/token of disk).",
+    row_cache: bool | None = Field(
+        None,
+        description="Decode each row group once into a file on the feeder's node (4 B/token); "
+        "null: on, off with windows.",
     )
     row_cache_dir: str | None = Field(
         None,
@@ -61,12 +64,23 @@ class DeliveryConfig(_Section):
         if self.row_cache_dir is not None and not self.row_cache_dir.strip():
             raise ValueError("delivery.row_cache_dir is empty: set a path, or null for the default")
         # A location that nothing will write would otherwise be accepted and silently ignored.
-        if self.row_cache_dir is not None and not self.row_cache:
+        if self.row_cache_dir is not None and self.row_cache is False:
             raise ValueError(
                 "delivery.row_cache_dir has no effect with delivery.row_cache=false: remove it, "
                 "or set delivery.row_cache=true"
             )
         return self
+
+    def resolved(self, windowed: bool) -> DeliveryConfig:
+        """This section with its defaults decided for a run with or without windows
+        (`plan.window_tokens`): the row cache and the lead-in are on for a global plan and off
+        for windows, whose row groups are each read once per epoch, by their window's Ray Data
+        pass, so the feeder reads no rows. A value set explicitly is kept."""
+        cache = (not windowed) if self.row_cache is None else self.row_cache
+        lead = self.lead_tokens
+        if lead == "auto":
+            lead = None if windowed else DEFAULT_LEAD_TOKENS
+        return self.model_copy(update={"row_cache": cache, "lead_tokens": lead})
 
 
 def moved_keys_refusal(raw: object) -> str | None:

@@ -200,6 +200,10 @@ class RangeDecisions:
     """
 
     def __init__(self, plan_for: Callable[[int, int], EpochPlan], delivery: DeliveryConfig):
+        if delivery.lead_tokens == "auto":
+            raise ValueError(
+                "RangeDecisions takes a decided delivery section (RunConfig.delivery_used)"
+            )
         self._plan_for = plan_for
         self._delivery = delivery
         self._epochs: dict[tuple[int, int], EpochRanges] = {}

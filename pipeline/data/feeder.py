@@ -92,7 +92,7 @@ class Feeder:
         use_jemalloc()  # before any read: see its docstring
         # Ray Data is imported and configured by the first chapter's sort (`sort_pass`), not
         # here: a cold start's lead-in is read in this process and should not wait for it.
-        self.ranges = RangeDecisions(self._plan_epoch, self.cfg.delivery)
+        self.ranges = RangeDecisions(self._plan_epoch, self.cfg.delivery_used)
         self._lock = threading.Lock()
         self._jobs: dict[tuple, Future] = {}
         self._retries: dict[tuple, int] = {}

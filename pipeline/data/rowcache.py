@@ -165,7 +165,7 @@ class RowCache:
     def for_run(cls, cfg, index, *, warn: bool = False) -> RowCache | None:
         """The run's row cache (delivery.row_cache_dir, else beside the index, else in the user's
         cache), None when off or when no default directory can be written."""
-        if not cfg.delivery.row_cache:
+        if not cfg.delivery_used.row_cache:
             return None
         vocab = int(cfg.model.vocab_size)
         root = usable_row_cache_dir(cfg.delivery.row_cache_dir, index.cache_dir, warn=warn)

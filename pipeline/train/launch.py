@@ -311,10 +311,7 @@ def _train(cfg: RunConfig, fs, rdir: str, t0: float, warnings_to: str | None) ->
     held_out = _held_out(cfg, data, total)
     reference = driver_reference(cfg.eval, *_run_fs(cfg))
     rows = RowCache.for_run(cfg, index, warn=True)
-    print(
-        f"[bucketray] {rows.describe() if rows else 'row cache off (delivery.row_cache)'}",
-        flush=True,
-    )
+    print(f"[bucketray] {rows.describe() if rows else _no_row_cache(cfg)}", flush=True)
     S = f"{min(steps)}-{max(steps)}" if min(steps) != max(steps) else str(steps[0])
     print(
         f"[bucketray] {len(index.lengths):,} samples, edges {edges}, {S} steps/epoch, "
@@ -484,3 +481,15 @@ def _fit(cfg: RunConfig, inputs: LoopInputs, stop_flag):
         if threading.current_thread() is threading.main_thread():
             for s, h in handlers.items():
                 signal.signal(s, h)
+
+
+def _no_row_cache(cfg) -> str:
+    """The console line of a run without the row cache, saying why and how rows are read."""
+    if cfg.plan.window_tokens is not None and cfg.delivery.row_cache is None:
+        return (
+            "row cache off with plan.window_tokens: each window's row groups are read once per "
+            "epoch by its Ray Data pass (delivery.row_cache=true reads them in the feeder)"
+        )
+    if cfg.delivery_used.row_cache:  # asked for, and no directory could be written
+        return "row cache off (no writable directory for it): each chapter read by a Ray Data pass"
+    return "row cache off (delivery.row_cache=false): each chapter read by a Ray Data pass"

@@ -53,7 +53,7 @@ def check_before_start(cfg: RunConfig) -> None:
         check_packed_model(cfg.model)  # a pretrained one: once its directory is checked
     if cfg.data.path is not None:
         check_complete_output(cfg.data.path)
-    if cfg.delivery.row_cache:
+    if cfg.delivery_used.row_cache:
         check_row_cache_dir(cfg.delivery.row_cache_dir)
 
 

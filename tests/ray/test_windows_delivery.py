@@ -1,7 +1,8 @@
 """Windows at delivery: a windowed epoch (`plan.window_tokens`) is served window by window, each
 window one chapter, and every rank trains exactly its view of the windowed plan, from the start,
-from a resume inside a window, and on another number of workers; without the row cache each
-window's Ray Data pass reads its own row groups and those of the rows carried into it."""
+from a resume inside a window, and on another number of workers; each window's Ray Data pass
+reads its own row groups and those of the rows carried into it (with windows the row cache and
+the lead-in are off unless asked for; the first test asks for both)."""
 
 from __future__ import annotations
 
@@ -77,7 +78,10 @@ def _ids(stream):
 def test_windows_each_window_is_a_chapter_and_every_rank_trains_its_view(data, epoch):
     plan = data.plan(epoch, 2)
     assert plan.window_steps is not None and plan.window_steps.size - 1 == 4
-    streams, status = data.streams(data.cfg, 2, epoch=epoch)
+    cfg = data.cfg.model_copy(deep=True)  # read in the feeder, from the row cache, after a lead-in
+    cfg.delivery.row_cache, cfg.delivery.lead_tokens = True, 1000
+    streams, status = data.streams(cfg, 2, epoch=epoch)
+    assert all(s["in_feeder"] for s in status)
     for r, stream in enumerate(streams):
         assert np.array_equal(_ids(stream), plan.rank_view(r).sample_ids)
         assert [mb.step for mb in stream] == list(range(plan.num_steps))
@@ -98,13 +102,13 @@ def test_windows_resume_inside_a_window_on_another_world_size(data):
 
 
 def test_windows_read_each_row_group_exactly_once_per_epoch(data):
-    """Without the row cache each window's Ray Data pass reads its own row groups, once: the
-    rows it trains and those it carries out, which the next window's pass takes held."""
-    cfg = data.cfg.model_copy(deep=True)
-    cfg.delivery.row_cache = False
-    cfg.delivery.lead_tokens = None
+    """With the delivery section at its defaults (no row cache, no lead-in with windows) each
+    window's Ray Data pass reads its own row groups, once: the rows it trains and those it
+    carries out, which the next window's pass takes held; the feeder reads no rows."""
+    assert data.cfg.delivery.row_cache is None and data.cfg.delivery.lead_tokens == "auto"
     plan = data.plan(0, 2)
-    streams, status = data.streams(cfg, 2)
+    streams, status = data.streams(data.cfg, 2)
+    assert not any(s["in_feeder"] for s in status)
     for r, stream in enumerate(streams):
         assert np.array_equal(_ids(stream), plan.rank_view(r).sample_ids)
         for mb in stream:  # the held rows' tokens are the corpus's
@@ -138,8 +142,6 @@ def test_windows_rows_carried_for_several_windows_are_read_once(data):
     cfg.buckets.edges = list(range(0, 65, 4))
     cfg.batching.token_budget = 1024
     cfg.plan.window_tokens = 3600
-    cfg.delivery.row_cache = False
-    cfg.delivery.lead_tokens = None
     edges = resolve_edges(cfg, data.index.lengths)
     plan = epoch_plan_for(cfg, data.index, edges, 0, 2)
     pos = np.searchsorted(data.index.sample_ids, plan.sample_ids)
@@ -171,12 +173,9 @@ def test_windows_rows_carried_for_several_windows_are_read_once(data):
 def test_windows_a_fresh_feeder_reads_the_carried_in_rows_again(data):
     """A resume in a window, on a feeder that held nothing, reads the rows carried into it from
     their row groups: nothing is missing."""
-    cfg = data.cfg.model_copy(deep=True)
-    cfg.delivery.row_cache = False
-    cfg.delivery.lead_tokens = None
     plan = data.plan(0, 2)
     start = int(plan.window_steps[2])
-    streams, status = data.streams(cfg, 2, start_step=start)
+    streams, status = data.streams(data.cfg, 2, start_step=start)
     for r, stream in enumerate(streams):
         view = plan.rank_view(r)
         assert np.array_equal(_ids(stream), view.sample_ids[view.offsets[start] :])

@@ -157,7 +157,7 @@ def test_a_data_location_that_nothing_writes_is_refused_naming_the_key(overrides
     assert fragment in error_of(*overrides)
     # the same location where it is used, and the modes left at their default null, are fine
     assert load("data.on_bad_rows=quarantine", "data.quarantine_path=/tmp/q.parquet")
-    assert load("delivery.row_cache_dir=/tmp/rows").delivery.row_cache
+    assert load("delivery.row_cache_dir=/tmp/rows").delivery_used.row_cache
     assert load(
         "delivery.row_cache=false", "data.quarantine_path=null", "delivery.row_cache_dir=null"
     )

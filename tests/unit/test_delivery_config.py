@@ -36,7 +36,7 @@ def test_data_says_which_data_and_delivery_how_it_is_served():
     assert not set(MOVED_FROM_DATA) & set(DataConfig.model_fields)
     assert set(MOVED_FROM_DATA) == set(DeliveryConfig.model_fields)
     cfg = load_config(None, ["data.synthetic={}", "delivery.chapter_steps=7"])
-    assert cfg.delivery.chapter_steps == 7 and cfg.delivery.row_cache
+    assert cfg.delivery.chapter_steps == 7 and cfg.delivery_used.row_cache
 
 
 def test_a_config_recorded_before_the_delivery_section_keeps_its_values(tmp_path):
@@ -53,3 +53,45 @@ def test_a_config_recorded_before_the_delivery_section_keeps_its_values(tmp_path
     cfg = target_config(EvalTarget(str(tmp_path), position), ["delivery.chapter_steps=6"])
     assert (cfg.delivery.chapter_steps, cfg.delivery.lead_tokens) == (6, None)
     assert cfg.delivery.row_cache is False
+
+
+def test_windows_read_by_their_passes_by_default_no_row_cache_no_lead_in():
+    """With windows each row group is read once per epoch by its window's Ray Data pass and the
+    feeder reads no rows: the row cache and the lead-in, on for a global plan, are off by default
+    (a value set explicitly is kept)."""
+    from pipeline.core.deliveryconfig import DEFAULT_LEAD_TOKENS
+    from pipeline.data.rowcache import RowCache
+
+    glob = load_config(None, ["data.synthetic={}"])
+    win = load_config(None, ["data.synthetic={}", "plan.window_tokens=100000"])
+    assert (glob.delivery.row_cache, glob.delivery.lead_tokens) == (None, "auto")
+    assert (glob.delivery_used.row_cache, glob.delivery_used.lead_tokens) == (
+        True,
+        DEFAULT_LEAD_TOKENS,
+    )
+    assert (win.delivery_used.row_cache, win.delivery_used.lead_tokens) == (False, None)
+    assert RowCache.for_run(win, index=None) is None  # decided before the index is looked at
+    asked = load_config(
+        None,
+        [
+            "data.synthetic={}",
+            "plan.window_tokens=100000",
+            "delivery.row_cache=true",
+            "delivery.lead_tokens=1024",
+        ],
+    )
+    assert (asked.delivery_used.row_cache, asked.delivery_used.lead_tokens) == (True, 1024)
+    off = load_config(None, ["data.synthetic={}", "delivery.lead_tokens=null"])
+    assert off.delivery_used.lead_tokens is None
+    # a recorded config (every field written out) decides the same again
+    again = type(win).model_validate(win.model_dump())
+    assert again.delivery_used == win.delivery_used
+
+
+def test_a_row_cache_dir_beside_windows_is_refused_unless_the_cache_is_asked_for():
+    base = ["data.synthetic={}", "plan.window_tokens=100000", "delivery.row_cache_dir=/tmp/rows"]
+    with pytest.raises(ConfigError) as e:
+        load_config(None, base)
+    assert "delivery.row_cache_dir has no effect with plan.window_tokens" in str(e.value)
+    assert "set delivery.row_cache=true" in str(e.value)
+    assert load_config(None, [*base, "delivery.row_cache=true"]).delivery_used.row_cache
