@@ -127,7 +127,9 @@ def test_failed_prefetch_is_prepared_again_when_its_epoch_is_requested(data, tmp
         stop_feeder(name)
 
 
-def test_killed_feeder_mid_epoch_streams_go_on_with_the_exact_sequence(data, monkeypatch):
+def _kill_feeder_mid_epoch(data, monkeypatch, cfg, heads: tuple[int, int]):
+    """Two ranks' streams of epoch 0 from a feeder killed once rank r has taken heads[r]
+    micro-batches; returns (the streams, the restarted feeder's history)."""
     # On one node, Ray keeps a dead owner's blocks readable until the object store evicts
     # them; on a cluster, fetching one from another node fails at once. The test makes that
     # loss explicit: once the feeder is killed, fetching a block it made raises OwnerDiedError.
@@ -142,24 +144,61 @@ def test_killed_feeder_mid_epoch_streams_go_on_with_the_exact_sequence(data, mon
             yield table
 
     monkeypatch.setattr(data_stream, "_prefetched_blocks", blocks)
-    name = data.feeder(block_bytes=2048)  # ~13 rows a block: most blocks are still unread
+    name = f"faults-{uuid.uuid4().hex[:8]}"
+    # ~13 rows a block: most blocks are still unread
+    start_feeder(
+        cfg, data.index, data.edges, name=name, path=data.path, prefetch=False, block_bytes=2048
+    )
     feeder = ray.get_actor(name)
     gens = [rank_batches(name, epoch=0, start_step=0, rank=r, world_size=2) for r in range(2)]
-    heads = [[next(gens[0]) for _ in range(5)], [next(gens[1]) for _ in range(3)]]
+    firsts = [[next(g) for _ in range(n)] for g, n in zip(gens, heads, strict=True)]
     pid = ray.get(feeder.__ray_call__.remote(lambda self: os.getpid()))
     ray.kill(feeder, no_restart=False)  # what an OOM kill does to the actor's process
     killed[0] = True
     try:
-        streams = [head + list(g) for head, g in zip(heads, gens, strict=True)]
+        streams = [head + list(g) for head, g in zip(firsts, gens, strict=True)]
         new_pid = ray.get(feeder.__ray_call__.remote(lambda self: os.getpid()))
         restarted = _history(name)
     finally:
         stop_feeder(name)
     assert new_pid != pid
+    return streams, restarted
+
+
+def test_killed_feeder_mid_epoch_streams_go_on_with_the_exact_sequence(data, monkeypatch):
+    streams, restarted = _kill_feeder_mid_epoch(data, monkeypatch, data.cfg, (5, 3))
     # The restarted feeder prepared epoch 0 again from its constructor arguments, once for
     # both ranks, and each stream went on after the micro-batches it had yielded.
     assert [(s["epoch"], s["start_step"]) for s in restarted] == [(0, 0)]
     data.assert_undisturbed(streams, epoch=0)
+
+
+def test_killed_feeder_mid_window_streams_go_on_with_the_exact_sequence(data, monkeypatch):
+    """Windows: the feeder killed inside the second window, after its pass took the rows the
+    first window carried into it. The restarted feeder holds nothing: it prepares that window
+    again, reading the carried rows from their row groups, and every stream goes on exactly."""
+    cfg = data.cfg.model_copy(deep=True)
+    cfg.plan.window_tokens = 4800  # about three row groups a window: three windows
+    plan = epoch_plan_for(cfg, data.index, data.edges, 0, 2)
+    ws = plan.window_steps
+    assert ws is not None and ws.size - 1 == 3 and ws[2] - ws[1] > 4, ws
+    views = [plan.rank_view(r) for r in range(2)]
+    # each rank two micro-batches past the second window's first step
+    heads = tuple(int(np.searchsorted(v.steps, ws[1])) + 2 for v in views)
+    streams, restarted = _kill_feeder_mid_epoch(data, monkeypatch, cfg, heads)
+    for r, stream in enumerate(streams):
+        assert [mb.step for mb in stream] == [int(s) for s in views[r].steps]
+        for m, mb in enumerate(stream):
+            want = views[r].sample_ids[views[r].offsets[m] : views[r].offsets[m + 1]]
+            assert np.array_equal(mb.sample_ids, want), (r, m)
+            for b, sid in enumerate(want):
+                tok = data.tokens[int(sid)]
+                assert np.array_equal(mb.input_ids[b, : tok.size].numpy(), tok), (r, m, b)
+    # the window in progress prepared again from its start, its carried-in rows read, not held
+    first = restarted[0]
+    assert (first["start_step"], first["end_step"]) == (int(ws[1]), int(ws[2]))
+    assert first["rows_held"] == 0 and not first["in_feeder"]
+    assert [s["start_step"] for s in restarted] == [int(ws[1]), int(ws[2])]
 
 
 def test_stream_refuses_a_feeder_serving_another_plan(data):
