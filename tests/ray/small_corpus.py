@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 
 from pipeline.core.config import RunConfig
 
-__all__ = ["EDGES", "VOCAB", "base_cfg", "write_corpus"]
+__all__ = ["EDGES", "VOCAB", "assert_exact_streams", "base_cfg", "write_corpus"]
 
 EDGES = [0, 16, 32, 64]
 VOCAB = 100
@@ -54,3 +54,18 @@ def base_cfg(path, **over):
     for k, v in over.items():
         raw.setdefault(k, {}).update(v)
     return RunConfig.model_validate(raw)
+
+
+def assert_exact_streams(streams, plan, tokens, start: int = 0) -> None:
+    """Every rank's stream of micro-batches is its view of `plan` from micro-batch `start` on,
+    step by step, sample by sample, with the corpus's tokens (`tokens`: `write_corpus`'s)."""
+    for r, stream in enumerate(streams):
+        view = plan.rank_view(r)
+        assert [mb.step for mb in stream] == [int(s) for s in view.steps[start:]], r
+        for m, mb in enumerate(stream, start):
+            want = view.sample_ids[view.offsets[m] : view.offsets[m + 1]]
+            assert np.array_equal(mb.sample_ids, want), (r, m)
+            for b, sid in enumerate(want):
+                tok = tokens[int(sid)]
+                assert np.array_equal(mb.input_ids[b, : tok.size].numpy(), tok), (r, m, b)
+                assert int(mb.attention_mask[b].sum()) == tok.size, (r, m, b)

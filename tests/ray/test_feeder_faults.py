@@ -30,7 +30,7 @@ from pipeline.data import (
     stop_feeder,
 )
 from tests.flaky_fs import flaky_fs, opens
-from tests.ray.small_corpus import base_cfg, write_corpus
+from tests.ray.small_corpus import assert_exact_streams, base_cfg, write_corpus
 
 pytestmark = pytest.mark.ray
 
@@ -62,17 +62,7 @@ class Data:
 
     def assert_undisturbed(self, streams, epoch):
         """Every rank's stream is its plan view, micro-batch by micro-batch, with its tokens."""
-        plan = self.plan(epoch, len(streams))
-        for r, stream in enumerate(streams):
-            view = plan.rank_view(r)
-            assert [mb.step for mb in stream] == [int(s) for s in view.steps]
-            for m, mb in enumerate(stream):
-                want = view.sample_ids[view.offsets[m] : view.offsets[m + 1]]
-                assert np.array_equal(mb.sample_ids, want), (r, m)
-                for b, sid in enumerate(want):
-                    tok = self.tokens[int(sid)]
-                    assert np.array_equal(mb.input_ids[b, : tok.size].numpy(), tok), (r, m, b)
-                    assert int(mb.attention_mask[b].sum()) == tok.size
+        assert_exact_streams(streams, self.plan(epoch, len(streams)), self.tokens)
 
 
 @pytest.fixture(scope="module")
@@ -186,14 +176,7 @@ def test_killed_feeder_mid_window_streams_go_on_with_the_exact_sequence(data, mo
     # each rank two micro-batches past the second window's first step
     heads = tuple(int(np.searchsorted(v.steps, ws[1])) + 2 for v in views)
     streams, restarted = _kill_feeder_mid_epoch(data, monkeypatch, cfg, heads)
-    for r, stream in enumerate(streams):
-        assert [mb.step for mb in stream] == [int(s) for s in views[r].steps]
-        for m, mb in enumerate(stream):
-            want = views[r].sample_ids[views[r].offsets[m] : views[r].offsets[m + 1]]
-            assert np.array_equal(mb.sample_ids, want), (r, m)
-            for b, sid in enumerate(want):
-                tok = data.tokens[int(sid)]
-                assert np.array_equal(mb.input_ids[b, : tok.size].numpy(), tok), (r, m, b)
+    assert_exact_streams(streams, plan, data.tokens)
     # the window in progress prepared again from its start, its carried-in rows read, not held
     first = restarted[0]
     assert (first["start_step"], first["end_step"]) == (int(ws[1]), int(ws[2]))
