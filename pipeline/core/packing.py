@@ -283,14 +283,51 @@ def pack_epoch(
     row_offsets = np.concatenate([[0], np.cumsum(row_size)]).astype(np.int64)
     cost = row_cost(lengths, flat, row_size, spec)
     order, step_size = balanced_steps(cost, spec, seed, epoch)
-    sizes = row_size[order]
-    flat = flat[concat_ranges(row_offsets[:-1][order], sizes)]
-    row_offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    flat = flat[concat_ranges(row_offsets[:-1][order], row_size[order])]
+    return packed_plan(
+        flat,
+        row_size[order],
+        row_bucket[order],
+        step_size,
+        ids=ids,
+        lengths=lengths,
+        edges=edges,
+        seed=seed,
+        epoch=epoch,
+        world_size=world_size,
+        spec=spec,
+        pad_to_multiple_of=pad_to_multiple_of,
+    )
+
+
+def packed_plan(
+    flat: np.ndarray,
+    row_size: np.ndarray,
+    row_bucket: np.ndarray,
+    step_size: np.ndarray,
+    *,
+    ids: np.ndarray,
+    lengths: np.ndarray,
+    edges: np.ndarray,
+    seed: int,
+    epoch: int,
+    world_size: int,
+    spec: PackingSpec,
+    pad_to_multiple_of: int,
+    window_steps: np.ndarray | None = None,
+) -> EpochPlan:
+    """The EpochPlan of packed rows in their order: `flat` (positions in `lengths` and `ids`,
+    row by row), each row's size and bucket, each step's rows; `window_steps`: where each window
+    of a windowed epoch starts (its hash then says so, `pipeline.core.windows`)."""
+    row_offsets = np.concatenate([[0], np.cumsum(row_size)]).astype(np.int64)
     step_rows = np.concatenate([[0], np.cumsum(step_size)]).astype(np.int64)
     sid = ids[flat]
     rows = PackedRows(
-        spec=spec, row_offsets=row_offsets, step_rows=step_rows, row_bucket=row_bucket[order]
+        spec=spec, row_offsets=row_offsets, step_rows=step_rows, row_bucket=row_bucket
     )
+    tag, windows = f"bucketray-packed-v{PACK_VERSION}{spec!r}", ()
+    if window_steps is not None:
+        tag, windows = f"{tag}-windows", (np.unique(window_steps),)
     return EpochPlan(
         seed=seed,
         epoch=epoch,
@@ -301,9 +338,8 @@ def pack_epoch(
         step_offsets=rows.step_offsets,
         sample_ids=sid,
         lengths=lengths[flat],
-        content_hash=hash_arrays(
-            f"bucketray-packed-v{PACK_VERSION}{spec!r}", edges, step_rows, row_offsets, sid
-        ),
+        content_hash=hash_arrays(tag, edges, *windows, step_rows, row_offsets, sid),
         pad_to_multiple_of=pad_to_multiple_of,
         rows=rows,
+        window_steps=window_steps,
     )

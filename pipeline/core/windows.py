@@ -36,11 +36,11 @@ from pipeline.core.buckets import assign
 from pipeline.core.config import Batching, PlanConfig
 from pipeline.core.orders import WINDOW_STREAM, plan_rng, step_order, within_bucket_shuffle
 from pipeline.core.packing import (
-    PACK_VERSION,
     balanced_steps,
     bucket_rows,
     interleave_rows,
     pack_epoch,
+    packed_plan,
     row_cost,
 )
 from pipeline.core.plan import (
@@ -53,7 +53,7 @@ from pipeline.core.plan import (
     hash_arrays,
     lengths_and_ids,
 )
-from pipeline.core.rows import PackedRows, PackingSpec, check_world_size
+from pipeline.core.rows import PackingSpec, check_world_size
 from pipeline.core.sections import ConfigError
 
 __all__ = [
@@ -306,37 +306,17 @@ def windowed_pack_epoch(
         row_buckets.append(row_bucket[order_rows])
         step_sizes.append(step_size)
         window_steps.append(window_steps[-1] + step_size.size)
-    flat = np.concatenate(flats)
-    row_offsets = np.concatenate([[0], np.cumsum(np.concatenate(row_sizes))]).astype(np.int64)
-    step_rows = np.concatenate([[0], np.cumsum(np.concatenate(step_sizes))]).astype(np.int64)
-    rows = PackedRows(
-        spec=spec,
-        row_offsets=row_offsets,
-        step_rows=step_rows,
-        row_bucket=np.concatenate(row_buckets).astype(np.int64),
-    )
-    sid, wsteps = ids[flat], np.asarray(window_steps, dtype=np.int64)
-    return EpochPlan(
-        seed=seed,
-        epoch=epoch,
-        world_size=world_size,
+    return packed_plan(
+        np.concatenate(flats),
+        np.concatenate(row_sizes),
+        np.concatenate(row_buckets).astype(np.int64),
+        np.concatenate(step_sizes),
+        ids=ids,
+        lengths=lengths,
         edges=edges,
-        first_step=0,
-        step_bucket=rows.step_bucket,
-        step_offsets=rows.step_offsets,
-        sample_ids=sid,
-        lengths=lengths[flat],
-        content_hash=hash_arrays(
-            f"bucketray-packed-v{PACK_VERSION}{spec!r}-windows",
-            edges,
-            np.unique(wsteps),
-            step_rows,
-            row_offsets,
-            sid,
-        ),
         pad_to_multiple_of=pad_to_multiple_of,
-        rows=rows,
-        window_steps=wsteps,
+        window_steps=np.asarray(window_steps, dtype=np.int64),
+        **kw,
     )
 
 
