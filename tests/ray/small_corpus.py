@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 
 from pipeline.core.config import RunConfig
 
-__all__ = ["EDGES", "VOCAB", "assert_exact_streams", "base_cfg", "write_corpus"]
+__all__ = ["EDGES", "VOCAB", "assert_exact_streams", "base_cfg", "feeder_streams", "write_corpus"]
 
 EDGES = [0, 16, 32, 64]
 VOCAB = 100
@@ -69,3 +69,34 @@ def assert_exact_streams(streams, plan, tokens, start: int = 0) -> None:
                 tok = tokens[int(sid)]
                 assert np.array_equal(mb.input_ids[b, : tok.size].numpy(), tok), (r, m, b)
                 assert int(mb.attention_mask[b].sum()) == tok.size, (r, m, b)
+
+
+def feeder_streams(cfg, index, edges, path, world, plan_hash, *, epoch=0, start_step=0):
+    """Every rank's micro-batches of `epoch` from `start_step`, served by a feeder started for
+    them (no prefetch) and stopped after; returns (the streams, the feeder's history). A part of
+    a plan other than `plan_hash` would be refused."""
+    import uuid
+
+    import ray
+
+    from pipeline.data import rank_batches, start_feeder, stop_feeder
+
+    name = f"streams-{uuid.uuid4().hex[:8]}"
+    start_feeder(cfg, index, edges, name=name, path=str(path), prefetch=False)
+    try:
+        out = [
+            list(
+                rank_batches(
+                    name,
+                    epoch=epoch,
+                    start_step=start_step,
+                    rank=r,
+                    world_size=world,
+                    plan_hash=plan_hash,
+                )
+            )
+            for r in range(world)
+        ]
+        return out, ray.get(ray.get_actor(name).history.remote())
+    finally:
+        stop_feeder(name)

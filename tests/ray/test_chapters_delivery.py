@@ -21,7 +21,7 @@ from pipeline.data import (
     start_feeder,
     stop_feeder,
 )
-from tests.ray.small_corpus import base_cfg, write_corpus
+from tests.ray.small_corpus import base_cfg, feeder_streams, write_corpus
 
 pytestmark = pytest.mark.ray
 
@@ -60,25 +60,10 @@ class Data:
         return chapter_bounds_for(plan, self.cfg.delivery)
 
     def streams(self, cfg, world, epoch=0, start_step=0):
-        name = self.feeder(cfg)
         h = self.plan(epoch, world).content_hash  # a part of another plan would be refused
-        try:
-            out = [
-                list(
-                    rank_batches(
-                        name,
-                        epoch=epoch,
-                        start_step=start_step,
-                        rank=r,
-                        world_size=world,
-                        plan_hash=h,
-                    )
-                )
-                for r in range(world)
-            ]
-            return out, ray.get(ray.get_actor(name).history.remote())
-        finally:
-            stop_feeder(name)
+        return feeder_streams(
+            cfg, self.index, self.edges, self.path, world, h, epoch=epoch, start_step=start_step
+        )
 
 
 @pytest.fixture(scope="module")

@@ -6,11 +6,8 @@ the lead-in are off unless asked for; the first test asks for both)."""
 
 from __future__ import annotations
 
-import uuid
-
 import numpy as np
 import pytest
-import ray
 
 from pipeline.core.chapters import row_group_of
 from pipeline.core.epochs import epoch_windows
@@ -18,12 +15,9 @@ from pipeline.core.windows import carried_rows, trained_windows
 from pipeline.data import (
     build_length_index,
     epoch_plan_for,
-    rank_batches,
     resolve_edges,
-    start_feeder,
-    stop_feeder,
 )
-from tests.ray.small_corpus import base_cfg, write_corpus
+from tests.ray.small_corpus import base_cfg, feeder_streams, write_corpus
 
 pytestmark = pytest.mark.ray
 
@@ -43,26 +37,10 @@ class Data:
         return epoch_plan_for(self.cfg, self.index, self.edges, epoch, world)
 
     def streams(self, cfg, world, epoch=0, start_step=0):
-        name = f"windows-{uuid.uuid4().hex[:8]}"
-        start_feeder(cfg, self.index, self.edges, name=name, path=self.path, prefetch=False)
         h = self.plan(epoch, world).content_hash
-        try:
-            out = [
-                list(
-                    rank_batches(
-                        name,
-                        epoch=epoch,
-                        start_step=start_step,
-                        rank=r,
-                        world_size=world,
-                        plan_hash=h,
-                    )
-                )
-                for r in range(world)
-            ]
-            return out, ray.get(ray.get_actor(name).history.remote())
-        finally:
-            stop_feeder(name)
+        return feeder_streams(
+            cfg, self.index, self.edges, self.path, world, h, epoch=epoch, start_step=start_step
+        )
 
 
 @pytest.fixture(scope="module")
@@ -147,19 +125,7 @@ def test_windows_rows_carried_for_several_windows_are_read_once(data):
     pos = np.searchsorted(data.index.sample_ids, plan.sample_ids)
     late = trained_windows(plan) - epoch_windows(cfg, data.index, 0)[pos]
     assert late.max() >= 2 and (np.diff(plan.window_steps) == 0).any()  # the case itself
-    name = f"windows-late-{uuid.uuid4().hex[:8]}"
-    start_feeder(cfg, data.index, edges, name=name, path=data.path, prefetch=False)
-    try:
-        gens = [
-            rank_batches(
-                name, epoch=0, start_step=0, rank=r, world_size=2, plan_hash=plan.content_hash
-            )
-            for r in range(2)
-        ]
-        streams = [list(g) for g in gens]
-        status = ray.get(ray.get_actor(name).history.remote())
-    finally:
-        stop_feeder(name)
+    streams, status = feeder_streams(cfg, data.index, edges, data.path, 2, plan.content_hash)
     for r, stream in enumerate(streams):
         assert np.array_equal(_ids(stream), plan.rank_view(r).sample_ids)
     rg_all = row_group_of(data.index.file_idx, data.index.rows, data.index.row_groups)
