@@ -14,7 +14,9 @@ import pytest
 
 from tests.ray.conftest import private_ray
 
-pytestmark = pytest.mark.ray
+# Two private Ray sessions and Ray Train runs (about a minute): Ray's own behaviour, checked with
+# the slow suite.
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 STEPS, STEP_S = 6, 1.0
 

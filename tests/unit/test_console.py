@@ -68,7 +68,15 @@ def test_token_auth_notice_is_dropped_but_other_warnings_stay(caplog):
     assert quiet_driver_logging(debug=False) == logging.WARNING
     assert quiet_driver_logging(debug=True) == logging.INFO
     log = logging.getLogger("ray._private.authentication.authentication_token_setup")
-    with caplog.at_level(logging.WARNING):
-        log.warning("Token authentication is enabled for this Ray cluster.")
-        log.warning("something else")
+    # Caught on the logger itself: once Ray has configured its logging in this process (an
+    # earlier test's session), the "ray" logger no longer propagates to the root's handler.
+    propagate, log.propagate = log.propagate, False
+    log.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.WARNING, logger=log.name):
+            log.warning("Token authentication is enabled for this Ray cluster.")
+            log.warning("something else")
+    finally:
+        log.removeHandler(caplog.handler)
+        log.propagate = propagate
     assert [r.getMessage() for r in caplog.records] == ["something else"]
