@@ -24,15 +24,10 @@ CHECKPOINT_EVERY = 10
 KILL_AFTER = 25  # steps trained before a fault on the global plan: resumed at step 10 or 20
 
 # A windowed epoch on the same tiny corpus cut into eight shards (row groups of ~19K real tokens):
-# three windows, starting at steps [0, 29, 48] of 81 at two workers. Without the row cache or a
-# lead-in, each window is one Ray Data pass over its own row groups, its carried rows held
-# between passes.
-WINDOWED = [
-    "data.synthetic.shards=8",
-    "plan.window_tokens=60000",
-    "delivery.row_cache=false",
-    "delivery.lead_tokens=null",
-]
+# three windows, starting at steps [0, 29, 48] of 81 at two workers. At the delivery defaults for
+# windows (no row cache, no lead-in) each window is one Ray Data pass over its own row groups,
+# its carried rows held between passes.
+WINDOWED = ["data.synthetic.shards=8", "plan.window_tokens=60000"]
 # The last whole checkpoint at this point is at step 30 or 40: inside the second window.
 WINDOW_KILL_AFTER = 45
 

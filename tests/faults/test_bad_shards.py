@@ -152,12 +152,14 @@ def test_contract10_shard_replaced_between_epochs_trains_the_indexed_rows_and_th
     local_ray, tmp_path, replace, windowed
 ):
     """Windowed, the shard replaced is first read by a window that is not the first of epoch 1;
-    the epoch is still its plan, rank by rank, from the rows cached when the run indexed."""
+    the epoch is still its plan, rank by rank, from the rows cached when the run indexed (the
+    row cache asked for: with windows it is off unless set)."""
     from pipeline.data import DataError
     from pipeline.train.resume_check import data_file_digests
 
     d = _shards(tmp_path, windowed)
-    cfg = _cfg(d, windowed, delivery={"row_cache_dir": str(tmp_path / "rows")})
+    rows = {"row_cache": True, "row_cache_dir": str(tmp_path / "rows")}
+    cfg = _cfg(d, windowed, delivery=rows)
     index = build_length_index(cfg)
     f, _ = _later_window_shard(cfg, index, 1)
     bad = f"{_names(windowed)[f]}.parquet"
