@@ -485,11 +485,11 @@ def _fit(cfg: RunConfig, inputs: LoopInputs, stop_flag):
 
 def _no_row_cache(cfg) -> str:
     """The console line of a run without the row cache, saying why and how rows are read."""
-    if cfg.plan.window_tokens is not None and cfg.delivery.row_cache is None:
+    if cfg.delivery_used.row_cache:  # asked for, and no directory could be written
+        return "row cache off (no writable directory for it): each chapter read by a Ray Data pass"
+    if cfg.delivery.row_cache is None:  # left to its default, which windows turn off
         return (
             "row cache off with plan.window_tokens: each window's row groups are read once per "
             "epoch by its Ray Data pass (delivery.row_cache=true reads them in the feeder)"
         )
-    if cfg.delivery_used.row_cache:  # asked for, and no directory could be written
-        return "row cache off (no writable directory for it): each chapter read by a Ray Data pass"
     return "row cache off (delivery.row_cache=false): each chapter read by a Ray Data pass"

@@ -51,10 +51,12 @@ class Data:
         self.index = build_length_index(self.cfg)
         self.edges = resolve_edges(self.cfg, self.index.lengths)
 
-    def feeder(self, **kw) -> str:
+    def feeder(self, cfg=None, **kw) -> str:
+        """A feeder of this corpus for `cfg` (default: this module's), no prefetch unless asked."""
         name = f"faults-{uuid.uuid4().hex[:8]}"
         kw.setdefault("prefetch", False)
-        start_feeder(self.cfg, self.index, self.edges, name=name, path=self.path, **kw)
+        cfg = self.cfg if cfg is None else cfg
+        start_feeder(cfg, self.index, self.edges, name=name, path=self.path, **kw)
         return name
 
     def plan(self, epoch, world):
@@ -134,11 +136,7 @@ def _kill_feeder_mid_epoch(data, monkeypatch, cfg, heads: tuple[int, int]):
             yield table
 
     monkeypatch.setattr(data_stream, "_prefetched_blocks", blocks)
-    name = f"faults-{uuid.uuid4().hex[:8]}"
-    # ~13 rows a block: most blocks are still unread
-    start_feeder(
-        cfg, data.index, data.edges, name=name, path=data.path, prefetch=False, block_bytes=2048
-    )
+    name = data.feeder(cfg, block_bytes=2048)  # ~13 rows a block: most blocks are still unread
     feeder = ray.get_actor(name)
     gens = [rank_batches(name, epoch=0, start_step=0, rank=r, world_size=2) for r in range(2)]
     firsts = [[next(g) for _ in range(n)] for g, n in zip(gens, heads, strict=True)]
