@@ -16,10 +16,14 @@ the loop asks the data layer for epoch e from step s+1 on, so no skipped data is
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
+import shutil
 import signal
+import tempfile
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +48,7 @@ __all__ = [
     "save_checkpoint",
     "save_run_config",
     "load_checkpoint",
+    "checkpoint_files",
     "load_run_config",
     "check_resume",
     "rng_state",
@@ -218,6 +223,35 @@ def save_checkpoint(directory: str | os.PathLike, state: TrainState, *, rank: in
     tmp = d / (STATE_FILE + ".tmp")
     tmp.write_text(json.dumps(meta, indent=1))
     os.replace(tmp, d / STATE_FILE)
+
+
+@contextlib.contextmanager
+def checkpoint_files(checkpoint: Any) -> Iterator[str]:
+    """A local directory holding `checkpoint`'s files (a `ray.train.Checkpoint`, or anything with
+    `path` and a pyarrow `filesystem`), for reading: its own path on a local filesystem, else a
+    copy private to this reader, removed afterwards.
+
+    Not Ray's `Checkpoint.as_directory`: every rank of a node downloads a remote checkpoint into
+    one shared directory there, and a rank that arrives after the first download downloads again
+    into it, rewriting the files another rank is reading (a torch.load of a half-written
+    optimizer.pt, seen on resume from s3://)."""
+    import pyarrow.fs as pafs
+
+    if isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
+        yield checkpoint.path
+        return
+    local = tempfile.mkdtemp(prefix="bucketray-checkpoint-")
+    try:
+        pafs.copy_files(
+            checkpoint.path,
+            local,
+            source_filesystem=checkpoint.filesystem,
+            chunk_size=64 * 1024 * 1024,
+            use_threads=True,
+        )
+        yield local
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
 
 
 def load_checkpoint(

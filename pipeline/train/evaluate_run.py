@@ -18,7 +18,13 @@ from pathlib import Path
 from pipeline.core.config import ConfigError, RunConfig, apply_overrides, validate
 from pipeline.core.deliveryconfig import upgrade_recorded
 from pipeline.data.fs import filesystem_for
-from pipeline.learn.checkpoint import RUN_CONFIG_FILE, STATE_FILE, CheckpointError, DataPosition
+from pipeline.learn.checkpoint import (
+    RUN_CONFIG_FILE,
+    STATE_FILE,
+    CheckpointError,
+    DataPosition,
+    checkpoint_files,
+)
 
 __all__ = [
     "ASYNC_EVALS_DIR",
@@ -129,7 +135,7 @@ def eval_loop(config: dict) -> None:
     device = ray.train.torch.get_device()
     model = build_model_or_refuse(cfg.model, max_positions=inp.edges[-1]).to(device)
     fs, path = filesystem_for(inp.checkpoint)
-    with ray.train.Checkpoint(path, filesystem=fs).as_directory() as d:
+    with checkpoint_files(ray.train.Checkpoint(path, filesystem=fs)) as d:
         state = torch.load(f"{d}/model.pt", map_location=device, weights_only=True)
     model.load_state_dict(state)
     held_out = ray.get(inp.eval_set[0])
@@ -243,7 +249,7 @@ def validate_checkpoint(
 
     t0 = time.perf_counter()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    with checkpoint.as_directory() as d:
+    with checkpoint_files(checkpoint) as d:
         cfg = RunConfig.model_validate(json.loads((Path(d) / RUN_CONFIG_FILE).read_text()))
         state = torch.load(f"{d}/model.pt", map_location=device, weights_only=True)
     metrics = _evaluate_weights(cfg, state, ray.get(eval_set[0]), edges, device, ranges)

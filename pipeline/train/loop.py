@@ -13,7 +13,7 @@ from functools import partial
 
 from pipeline.core.config import RunConfig
 from pipeline.data.run_warnings import forward_warnings, warning_counts
-from pipeline.learn.checkpoint import CheckpointStorageError, load_checkpoint
+from pipeline.learn.checkpoint import CheckpointStorageError, checkpoint_files, load_checkpoint
 from pipeline.learn.logger import MetricLogger, log_summary, make_logger
 from pipeline.train.faults import FAIL_AT_STEP_ENV, FAIL_MARKER_ENV, FAIL_RANK_ENV
 from pipeline.train.history import EvalHistory, StepHistory
@@ -227,7 +227,7 @@ def train_loop(config: dict) -> None:
     )
     ckpt = ray.train.get_checkpoint()
     if ckpt is not None:
-        with ckpt.as_directory() as d:
+        with checkpoint_files(ckpt) as d:
             state = load_checkpoint(d, rank=rank)
             trainer.resume(state, StepHistory.read_dir(d), EvalHistory.read_dir(d))
     else:
