@@ -27,18 +27,27 @@ removes, the composition's what removing the composition then removes, the rest 
 the noise's share is its expected variance, and the rest what is left; they add up to 1. A part
 can come out slightly negative where removing it adds noise: that reads as "none". On short runs (tens of steps per bucket) the composition's share is
 understated, never overstated: its offsets are shrunk (tests/unit/test_jumpiness.py).
+
+Each share carries a band (`_bands`, printed "34±6%"): a 90% interval from the step-to-step
+changes resampled in blocks, as wide as the share moves between runs of one process at a few
+hundred steps or more (tests/unit/test_jumpiness_bands.py); narrower than that on runs of a
+hundred steps, where the fitted trend and offsets add uncertainty the resampling holds fixed.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
+
+from pipeline.core.orders import JUMPINESS_BAND_STREAM
 
 __all__ = ["Jumpiness", "decompose", "decompose_steps", "sampling_variance"]
 
 TREND_DEGREE = 3  # of the trend's polynomial in the step: smooth over a run's remaining steps
 MIN_STEPS = 12  # analysed steps below which nothing is said
+BAND = 0.9  # the bands' coverage: from the 5th to the 95th percentile of the resampled shares
+BAND_DRAWS = 400  # resamplings of the step-to-step changes
 
 
 @dataclass(frozen=True)
@@ -52,6 +61,13 @@ class Jumpiness:
     rest: float
     groups: str  # what composition means here: "buckets", "length ranges" or "none"
     noise: float = float("nan")  # sampling noise; NaN where the run did not record it
+    # Per part: half the width of its BAND interval over the run's steps resampled (`_bands`);
+    # empty in readings written before the bands, NaN for the noise where it is unknown.
+    bands: dict = field(default_factory=dict)
+
+    def band(self, part: str) -> float:
+        """`part`'s half-width (a share, like the part), NaN where not known."""
+        return float(self.bands.get(part, float("nan")))
 
     @property
     def explained(self) -> float:
@@ -81,28 +97,37 @@ class Jumpiness:
         if not np.isfinite(self.variance):
             return ["jumpiness: too few steps to take apart"]
         by = {"buckets": "bucket offsets", "length ranges": "length mix"}.get(self.groups)
-        comp = f"{_pct(self.composition)} composition ({by})" if by else "no composition"
+        comp = f"{self._pct('composition')} composition ({by})" if by else "no composition"
+        sched, rest = self._pct("schedule"), self._pct("rest")
+        band = f", {int(100 * BAND)}% bands" if self.bands else ""
         if not np.isfinite(self.noise):
             return [
-                f"step-to-step loss variance ({self.steps} steps):",
+                f"step-to-step loss variance ({self.steps} steps{band}):",
                 f"  {comp},",
-                f"  {_pct(self.schedule)} schedule (smooth trend), {_pct(self.rest)} rest",
+                f"  {sched} schedule (smooth trend), {rest} rest",
             ]
-        noise = f"{_pct(self.noise_shown)} sampling noise (the draw of documents"
+        noise = (
+            f"{_pct(self.noise_shown, self.band('noise'))} sampling noise (the draw of documents"
+        )
         if self.rest < 0:  # the parts' estimates add up to more than the whole (noise_shown)
             noise += f"; estimated at {_pct(self.noise)} from {self.steps} steps), no rest"
         else:
-            noise += f"), {_pct(self.rest)} rest"
+            noise += f"), {rest} rest"
         return [
             f"step-to-step loss variance ({self.steps} steps, "
-            f"{_pct(min(self.explained, 1.0))} explained):",
-            f"  {comp}, {_pct(self.schedule)} schedule (smooth trend),",
+            f"{_pct(min(self.explained, 1.0))} explained{band}):",
+            f"  {comp}, {sched} schedule (smooth trend),",
             f"  {noise}",
         ]
 
+    def _pct(self, part: str) -> str:
+        return _pct(getattr(self, part), self.band(part))
 
-def _pct(x: float) -> str:
-    return f"{100 * max(x, 0.0):.0f}%"
+
+def _pct(x: float, band: float = float("nan")) -> str:
+    """A share in percent, with its band's half-width where known: "34±6%"."""
+    pm = f"±{100 * band:.0f}" if np.isfinite(band) else ""
+    return f"{100 * max(x, 0.0):.0f}{pm}%"
 
 
 def _trend(y: np.ndarray) -> np.ndarray:
@@ -188,15 +213,53 @@ def decompose(
             off = _offsets(L - trend[:, None], W, half)
             off -= (off * W.mean(axis=0)).sum(axis=1, keepdims=True)  # the average mix adds 0
             comp = (W * off).sum(axis=1)
-    v0 = float(np.var(np.diff(y)))
-    v1 = float(np.var(np.diff(y - trend)))
-    v2 = float(np.var(np.diff(y - trend - comp)))
+    changes = np.stack([np.diff(y), np.diff(y - trend), np.diff(y - trend - comp)])
+    v0 = float(np.var(changes[0]))
     if v0 <= 0:
         return Jumpiness(T, v0, 0.0, 0.0, 0.0, kind)
     # Independent draws: a step-to-step change carries both steps' sampling variances.
-    share = float(np.mean(s2[:-1] + s2[1:]) / v0) if np.isfinite(s2).all() else float("nan")
-    rest = v2 / v0 - (share if np.isfinite(share) else 0.0)
-    return Jumpiness(T, v0, (v0 - v1) / v0, (v1 - v2) / v0, rest, kind, share)
+    pairs = s2[:-1] + s2[1:]
+    p = {k: float(v) for k, v in _shares(changes, pairs).items()}
+    parts = (p["schedule"], p["composition"], p["rest"])
+    return Jumpiness(T, v0, *parts, kind, p["noise"], _bands(changes, pairs))
+
+
+def _shares(changes: np.ndarray, pairs: np.ndarray) -> dict[str, np.ndarray]:
+    """The sequential shares (module docstring) of step-to-step changes [3, ..., n] (the loss's,
+    without the trend, without the composition too) and their sampling variances [..., n]."""
+    v0, v1, v2 = np.var(changes, axis=-1)
+    v0 = np.where(v0 > 0, v0, np.nan)
+    noise = np.mean(pairs, axis=-1) / v0
+    known = np.isfinite(pairs).all()
+    return {
+        "schedule": (v0 - v1) / v0,
+        "composition": (v1 - v2) / v0,
+        "noise": noise,
+        "rest": v2 / v0 - (noise if known else 0.0),
+    }
+
+
+def _bands(changes: np.ndarray, pairs: np.ndarray) -> dict[str, float]:
+    """Each share's BAND interval over the run's steps, as half its width: the step-to-step
+    changes resampled in blocks of consecutive steps (moving-block bootstrap, blocks of about
+    n^(1/3) keep a change with its neighbours, which share a step with it), every share
+    recomputed on each resampling. It measures how much the reading moves with which steps
+    the run happened to have (on the order of sqrt(2 / steps) of the variance); the trend and
+    the offsets are held as fitted, so the bands are a floor on the uncertainty, not a ceiling.
+    Deterministic: the resampling is seeded by a tag of its own."""
+    n = changes.shape[1]
+    block = max(2, round(n ** (1 / 3)))
+    rng = np.random.default_rng(JUMPINESS_BAND_STREAM)
+    starts = rng.integers(0, n - block + 1, size=(BAND_DRAWS, -(-n // block)))
+    idx = (starts[:, :, None] + np.arange(block)).reshape(BAND_DRAWS, -1)[:, :n]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        drawn = _shares(changes[:, idx], pairs[idx])
+    lo, hi = 50 * (1 - BAND), 50 * (1 + BAND)
+    out = {}
+    for part, values in drawn.items():
+        ok = values[np.isfinite(values)]
+        out[part] = float(np.diff(np.percentile(ok, [lo, hi]))[0] / 2) if ok.size else float("nan")
+    return out
 
 
 def sampling_variance(docs: np.ndarray) -> np.ndarray:

@@ -41,6 +41,7 @@ __all__ = [
     "HF_MEGABATCH_STREAM",
     "LHOTSE_STREAM",
     "PAIR_REPEAT_STREAM",
+    "JUMPINESS_BAND_STREAM",
     "SYNTHETIC_LENGTHS_STREAM",
     "SYNTHETIC_VOCAB_STREAM",
     "SYNTHETIC_NOISE_STREAM",
@@ -85,6 +86,8 @@ REPORT_RANDOM_STREAM = 0x52414E44  # (seed, tag): the fixed-batch-size random ro
 HF_MEGABATCH_STREAM = 0x4D454741
 LHOTSE_STREAM = 0x4C48544F  # (seed, epoch, tag): the lhotse-style peer
 PAIR_REPEAT_STREAM = 17  # (seed, tag): the sample pairs bench.packing draws
+# (tag,): the resampled steps of a jumpiness reading's bands (pipeline.core.jumpiness): ASCII "JUMP"
+JUMPINESS_BAND_STREAM = 0x4A554D50
 
 # The synthetic corpus's streams (pipeline.core.synthetic); changing one changes every corpus.
 SYNTHETIC_LENGTHS_STREAM = 902_087  # (seed, tag): the seed902k lengths

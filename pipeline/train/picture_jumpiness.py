@@ -46,7 +46,7 @@ def share_of(j: Jumpiness, part: str) -> float:
 
 def draw_jumpiness(fig, ax_text, j: Jumpiness) -> None:
     """One horizontal bar in the strip under the text panel: the shares of the step-to-step
-    variance, its title the reading in words."""
+    variance (each with its band's half-width), its title the reading in words."""
     box = ax_text.get_position()
     ax = fig.add_axes([box.x0, 0.035, box.x1 - box.x0, 0.035])
     rest = textwrap.wrap(" ".join(" ".join(j.lines()[1:]).split()), 64)
@@ -59,7 +59,9 @@ def draw_jumpiness(fig, ax_text, j: Jumpiness) -> None:
         share = share_of(j, name)
         ax.barh(0, share, left=left, color=colour, edgecolor="white")
         if share >= 0.08:
-            ax.text(left + share / 2, 0, f"{name}\n{100 * share:.0f}%", ha="center",
+            band = j.band(name)
+            pm = f"±{100 * band:.0f}" if np.isfinite(band) else ""
+            ax.text(left + share / 2, 0, f"{name}\n{100 * share:.0f}{pm}%", ha="center",
                     va="center", fontsize=7)  # fmt: skip
         left += share
     ax.set_xlim(0, max(left, 1.0))

@@ -13,6 +13,7 @@ from pipeline.core.orders import (
     EVAL_SUBSET_STREAM,
     HF_MEGABATCH_STREAM,
     INTERLEAVE_STREAM,
+    JUMPINESS_BAND_STREAM,
     LHOTSE_STREAM,
     MEGABATCH_STREAM,
     PAIR_REPEAT_STREAM,
@@ -86,7 +87,10 @@ def test_every_tag_is_distinct_and_the_plans_lie_above_every_bucket_index():
 def test_no_two_streams_start_in_the_same_state_over_seeds_epochs_and_buckets():
     state: dict[tuple, str] = {}
     clashes = set()
-    streams = [("eval subset", (EVAL_SUBSET_STREAM,))]
+    streams = [
+        ("eval subset", (EVAL_SUBSET_STREAM,)),
+        ("jumpiness band", (JUMPINESS_BAND_STREAM,)),
+    ]
     for seed in (0, 1, 7):
         streams += [(name, e) for name, e in _streams(seed, range(21), range(64))]
     for name, entropy in streams:
