@@ -69,6 +69,11 @@ class Jumpiness:
         """`part`'s half-width (a share, like the part), NaN where not known."""
         return float(self.bands.get(part, float("nan")))
 
+    def band_shown(self, part: str) -> float:
+        """The band beside a part as shown: none beside a noise cut to what is left (`noise_shown`
+        below its estimate), whose band is the estimate's and printed beside that."""
+        return float("nan") if part == "noise" and self.rest < 0 else self.band(part)
+
     @property
     def explained(self) -> float:
         """The share the named causes explain (schedule, composition, and noise where known)."""
@@ -106,11 +111,10 @@ class Jumpiness:
                 f"  {comp},",
                 f"  {sched} schedule (smooth trend), {rest} rest",
             ]
-        noise = (
-            f"{_pct(self.noise_shown, self.band('noise'))} sampling noise (the draw of documents"
-        )
+        shown = _pct(self.noise_shown, self.band_shown("noise"))
+        noise = f"{shown} sampling noise (the draw of documents"
         if self.rest < 0:  # the parts' estimates add up to more than the whole (noise_shown)
-            noise += f"; estimated at {_pct(self.noise)} from {self.steps} steps), no rest"
+            noise += f"; estimated at {self._pct('noise')} from {self.steps} steps), no rest"
         else:
             noise += f"), {rest} rest"
         return [

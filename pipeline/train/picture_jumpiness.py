@@ -59,7 +59,7 @@ def draw_jumpiness(fig, ax_text, j: Jumpiness) -> None:
         share = share_of(j, name)
         ax.barh(0, share, left=left, color=colour, edgecolor="white")
         if share >= 0.08:
-            band = j.band(name)
+            band = j.band_shown(name)
             pm = f"±{100 * band:.0f}" if np.isfinite(band) else ""
             ax.text(left + share / 2, 0, f"{name}\n{100 * share:.0f}{pm}%", ha="center",
                     va="center", fontsize=7)  # fmt: skip

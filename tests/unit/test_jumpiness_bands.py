@@ -62,3 +62,10 @@ def test_the_sampling_noise_has_a_band_where_the_run_recorded_it(seed):
     j = decompose_steps(y, b, noise=sampling_variance(stats))
     assert 0 < j.band("noise") < 0.2 and 0 < j.band("composition") < 0.2
     assert f"±{100 * j.band('noise'):.0f}% sampling noise" in " ".join(j.lines())
+
+
+def test_a_noise_cut_to_what_is_left_has_its_band_beside_its_estimate():
+    over = Jumpiness(69, 1.0, 0.0, 0.02, -0.22, "length ranges", 1.20, {"noise": 0.35})
+    text = " ".join(over.lines())
+    assert "98% sampling noise" in text and "estimated at 120±35% from 69 steps" in text
+    assert np.isnan(over.band_shown("noise")) and over.band("noise") == 0.35
