@@ -48,6 +48,7 @@ TREND_DEGREE = 3  # of the trend's polynomial in the step: smooth over a run's r
 MIN_STEPS = 12  # analysed steps below which nothing is said
 BAND = 0.9  # the bands' coverage: from the 5th to the 95th percentile of the resampled shares
 BAND_DRAWS = 400  # resamplings of the step-to-step changes
+BAND_CHUNK = 2**20  # resampled changes per pass, of each of the three series
 
 
 @dataclass(frozen=True)
@@ -255,12 +256,19 @@ def _bands(changes: np.ndarray, pairs: np.ndarray) -> dict[str, float]:
     block = max(2, round(n ** (1 / 3)))
     rng = np.random.default_rng(JUMPINESS_BAND_STREAM)
     starts = rng.integers(0, n - block + 1, size=(BAND_DRAWS, -(-n // block)))
-    idx = (starts[:, :, None] + np.arange(block)).reshape(BAND_DRAWS, -1)[:, :n]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        drawn = _shares(changes[:, idx], pairs[idx])
+    # About a million resampled changes at a time: bounded memory however long the run.
+    per = max(1, BAND_CHUNK // n)
+    drawn: dict[str, list] = {}
+    for first in range(0, BAND_DRAWS, per):
+        s = starts[first : first + per]
+        idx = (s[:, :, None] + np.arange(block)).reshape(len(s), -1)[:, :n]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            for part, v in _shares(changes[:, idx], pairs[idx]).items():
+                drawn.setdefault(part, []).append(v)
     lo, hi = 50 * (1 - BAND), 50 * (1 + BAND)
     out = {}
-    for part, values in drawn.items():
+    for part, chunks in drawn.items():
+        values = np.concatenate(chunks)
         ok = values[np.isfinite(values)]
         out[part] = float(np.diff(np.percentile(ok, [lo, hi]))[0] / 2) if ok.size else float("nan")
     return out

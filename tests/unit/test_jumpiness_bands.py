@@ -69,3 +69,13 @@ def test_a_noise_cut_to_what_is_left_has_its_band_beside_its_estimate():
     text = " ".join(over.lines())
     assert "98% sampling noise" in text and "estimated at 120±35% from 69 steps" in text
     assert np.isnan(over.band_shown("noise")) and over.band("noise") == 0.35
+
+
+def test_bands_are_the_same_computed_a_few_resamplings_at_a_time(monkeypatch):
+    """Long runs resample in passes (bounded memory); the bands do not depend on the passes."""
+    import pipeline.core.jumpiness as jumpiness
+
+    y, b, _, _ = _bucketed(1)
+    whole = decompose_steps(y, b).bands
+    monkeypatch.setattr(jumpiness, "BAND_CHUNK", 3 * y.size)  # a handful of resamplings a pass
+    assert repr(decompose_steps(y, b).bands) == repr(whole)  # repr: NaN == NaN
