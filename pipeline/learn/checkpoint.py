@@ -23,7 +23,7 @@ import random
 import shutil
 import signal
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -226,10 +226,10 @@ def save_checkpoint(directory: str | os.PathLike, state: TrainState, *, rank: in
 
 
 @contextlib.contextmanager
-def checkpoint_files(checkpoint: Any) -> Iterator[str]:
+def checkpoint_files(checkpoint: Any, names: Sequence[str] | None = None) -> Iterator[str]:
     """A local directory holding `checkpoint`'s files (a `ray.train.Checkpoint`, or anything with
     `path` and a pyarrow `filesystem`), for reading: its own path on a local filesystem, else a
-    copy private to this reader, removed afterwards.
+    copy private to this reader of every file, or of `names` only, removed afterwards.
 
     Not Ray's `Checkpoint.as_directory`: every rank of a node downloads a remote checkpoint into
     one shared directory there, and a rank that arrives after the first download downloads again
@@ -241,14 +241,17 @@ def checkpoint_files(checkpoint: Any) -> Iterator[str]:
         yield checkpoint.path
         return
     local = tempfile.mkdtemp(prefix="bucketray-checkpoint-")
+    root = checkpoint.path.rstrip("/")
+    copies = [(root, local)] if names is None else [(f"{root}/{n}", f"{local}/{n}") for n in names]
     try:
-        pafs.copy_files(
-            checkpoint.path,
-            local,
-            source_filesystem=checkpoint.filesystem,
-            chunk_size=64 * 1024 * 1024,
-            use_threads=True,
-        )
+        for source, destination in copies:
+            pafs.copy_files(
+                source,
+                destination,
+                source_filesystem=checkpoint.filesystem,
+                chunk_size=64 * 1024 * 1024,
+                use_threads=True,
+            )
         yield local
     finally:
         shutil.rmtree(local, ignore_errors=True)

@@ -135,7 +135,7 @@ def eval_loop(config: dict) -> None:
     device = ray.train.torch.get_device()
     model = build_model_or_refuse(cfg.model, max_positions=inp.edges[-1]).to(device)
     fs, path = filesystem_for(inp.checkpoint)
-    with checkpoint_files(ray.train.Checkpoint(path, filesystem=fs)) as d:
+    with checkpoint_files(ray.train.Checkpoint(path, filesystem=fs), ["model.pt"]) as d:
         state = torch.load(f"{d}/model.pt", map_location=device, weights_only=True)
     model.load_state_dict(state)
     held_out = ray.get(inp.eval_set[0])
@@ -249,7 +249,7 @@ def validate_checkpoint(
 
     t0 = time.perf_counter()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    with checkpoint_files(checkpoint) as d:
+    with checkpoint_files(checkpoint, [RUN_CONFIG_FILE, "model.pt"]) as d:
         cfg = RunConfig.model_validate(json.loads((Path(d) / RUN_CONFIG_FILE).read_text()))
         state = torch.load(f"{d}/model.pt", map_location=device, weights_only=True)
     metrics = _evaluate_weights(cfg, state, ray.get(eval_set[0]), edges, device, ranges)

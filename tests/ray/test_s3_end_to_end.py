@@ -24,6 +24,7 @@ import ray
 import ray.train
 
 import pipeline.data.index
+from jobs import evaluate as evaluate_job
 from pipeline.core.config import validate
 from pipeline.data import build_length_index, epoch_plan_for, resolve_edges
 from pipeline.data.corpus import write_corpus
@@ -33,7 +34,7 @@ from pipeline.train.history import StepHistory
 from pipeline.train.launch import run
 from pipeline.train.loop import FAIL_AT_STEP_ENV, FAIL_MARKER_ENV
 from pipeline.train.run_picture import draw_run
-from tests.helpers import free_ports
+from tests.helpers import free_ports, write_held_out
 from tests.ray.conftest import private_ray
 
 pytestmark = pytest.mark.ray
@@ -222,6 +223,7 @@ def test_killed_run_resumes_from_the_bucket_with_the_planned_batches(
     def no_rescan(*args, **kwargs):
         raise AssertionError("the length index was rescanned instead of read from the cache")
 
+    scan = pipeline.data.index._scan_all
     monkeypatch.setattr(pipeline.data.index, "_scan_all", no_rescan)
     resumed = run(cfg)
     assert resumed.steps == MAX_STEPS
@@ -267,6 +269,16 @@ def test_killed_run_resumes_from_the_bucket_with_the_planned_batches(
     assert StepHistory.read_dir(str(local)).arrays()["step"].tolist() == list(
         range(1, MAX_STEPS + 1)
     )
+
+    # jobs.evaluate reads the final checkpoint's weights from the bucket on both workers (each
+    # its own copy of model.pt and the config, never the optimizer's state); the held-out set is
+    # new, so its lengths are scanned.
+    monkeypatch.setattr(pipeline.data.index, "_scan_all", scan)
+    held = write_held_out(tmp_path / "held", n=20)
+    figures = tmp_path / "eval.json"
+    args = [f"{RUNS}/{name}", "--set", f"eval.path={held}", "--json", str(figures)]
+    assert evaluate_job.main(args) == 0
+    assert json.loads(figures.read_text())["eval/samples"] == 20
 
     # No credential in the bucket's run objects, the config, the run's output or Ray's logs.
     secrets = (ACCESS_KEY.encode(), SECRET_KEY.encode())

@@ -19,6 +19,7 @@ def remote(tmp_path) -> tuple[ray.train.Checkpoint, Path]:
     """A checkpoint on a filesystem that is not pyarrow's LocalFileSystem, as s3:// is not."""
     (tmp_path / "store" / "ckpt").mkdir(parents=True)
     torch.save(PAYLOAD, tmp_path / "store" / "ckpt" / "optimizer.pt")
+    (tmp_path / "store" / "ckpt" / "run_config.json").write_text("{}")
     fs = pafs.SubTreeFileSystem(str(tmp_path / "store"), pafs.LocalFileSystem())
     return ray.train.Checkpoint("ckpt", filesystem=fs), tmp_path
 
@@ -36,6 +37,14 @@ def test_contract7_ranks_on_one_node_read_a_remote_checkpoint_each_from_its_own_
         # Rank 0 came and went: rank 1's files were neither rewritten nor removed under it.
         assert mine.read_bytes() == b"what rank 1 is reading"
     assert not Path(d1).exists() and not Path(d0).exists(), "a private copy was left behind"
+
+
+def test_a_reader_of_some_files_of_a_remote_checkpoint_copies_only_those(remote):
+    """An evaluation reads the weights and the config, never the optimizer's state."""
+    ckpt, _ = remote
+    with checkpoint_files(ckpt, ["run_config.json"]) as d:
+        assert sorted(p.name for p in Path(d).iterdir()) == ["run_config.json"]
+        assert (Path(d) / "run_config.json").read_text() == "{}"
 
 
 def test_rays_shared_download_directory_rewrites_a_readers_files(remote):
