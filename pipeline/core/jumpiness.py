@@ -42,7 +42,7 @@ import numpy as np
 
 from pipeline.core.orders import JUMPINESS_BAND_STREAM
 
-__all__ = ["Jumpiness", "decompose", "decompose_steps", "sampling_variance"]
+__all__ = ["Jumpiness", "decompose", "decompose_steps", "sampling_variance", "share_percent"]
 
 TREND_DEGREE = 3  # of the trend's polynomial in the step: smooth over a run's remaining steps
 MIN_STEPS = 12  # analysed steps below which nothing is said
@@ -103,8 +103,8 @@ class Jumpiness:
         if not np.isfinite(self.variance):
             return ["jumpiness: too few steps to take apart"]
         by = {"buckets": "bucket offsets", "length ranges": "length mix"}.get(self.groups)
-        comp = f"{self._pct('composition')} composition ({by})" if by else "no composition"
-        sched, rest = self._pct("schedule"), self._pct("rest")
+        comp = f"{self._part_percent('composition')} composition ({by})" if by else "no composition"
+        sched, rest = self._part_percent("schedule"), self._part_percent("rest")
         band = f", {int(100 * BAND)}% bands" if self.bands else ""
         if not np.isfinite(self.noise):
             return [
@@ -112,24 +112,26 @@ class Jumpiness:
                 f"  {comp},",
                 f"  {sched} schedule (smooth trend), {rest} rest",
             ]
-        shown = _pct(self.noise_shown, self.band_shown("noise"))
+        shown = share_percent(self.noise_shown, self.band_shown("noise"))
         noise = f"{shown} sampling noise (the draw of documents"
         if self.rest < 0:  # the parts' estimates add up to more than the whole (noise_shown)
-            noise += f"; estimated at {self._pct('noise')} from {self.steps} steps), no rest"
+            noise += (
+                f"; estimated at {self._part_percent('noise')} from {self.steps} steps), no rest"
+            )
         else:
             noise += f"), {rest} rest"
         return [
             f"step-to-step loss variance ({self.steps} steps, "
-            f"{_pct(min(self.explained, 1.0))} explained{band}):",
+            f"{share_percent(min(self.explained, 1.0))} explained{band}):",
             f"  {comp}, {sched} schedule (smooth trend),",
             f"  {noise}",
         ]
 
-    def _pct(self, part: str) -> str:
-        return _pct(getattr(self, part), self.band(part))
+    def _part_percent(self, part: str) -> str:
+        return share_percent(getattr(self, part), self.band(part))
 
 
-def _pct(x: float, band: float = float("nan")) -> str:
+def share_percent(x: float, band: float = float("nan")) -> str:
     """A share in percent, with its band's half-width where known: "34±6%"."""
     pm = f"±{100 * band:.0f}" if np.isfinite(band) else ""
     return f"{100 * max(x, 0.0):.0f}{pm}%"

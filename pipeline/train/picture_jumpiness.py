@@ -7,7 +7,7 @@ import textwrap
 
 import numpy as np
 
-from pipeline.core.jumpiness import Jumpiness, decompose_steps
+from pipeline.core.jumpiness import Jumpiness, decompose_steps, share_percent
 
 __all__ = [
     "PARTS",
@@ -59,9 +59,8 @@ def draw_jumpiness(fig, ax_text, j: Jumpiness) -> None:
         share = share_of(j, name)
         ax.barh(0, share, left=left, color=colour, edgecolor="white")
         if share >= 0.08:
-            band = j.band_shown(name)
-            pm = f"±{100 * band:.0f}" if np.isfinite(band) else ""
-            ax.text(left + share / 2, 0, f"{name}\n{100 * share:.0f}{pm}%", ha="center",
+            label = f"{name}\n{share_percent(share, j.band_shown(name))}"
+            ax.text(left + share / 2, 0, label, ha="center",
                     va="center", fontsize=7)  # fmt: skip
         left += share
     ax.set_xlim(0, max(left, 1.0))
