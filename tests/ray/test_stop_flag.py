@@ -37,6 +37,21 @@ def test_a_flag_not_created_yet_reads_as_no_request(cluster):
         ray.kill(flag)
 
 
+def _wait_until_dead(actor, timeout_s: float = 30.0) -> None:
+    from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.requested.remote(), timeout=10)
+        except ActorDiedError:
+            return
+        except (RayActorError, GetTimeoutError):  # unavailable for a moment: not yet known dead
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"the killed actor still answered after {timeout_s} s")
+
+
 def test_a_flag_that_died_means_the_driver_is_gone(cluster):
     """The flag is owned by the driver and pinned to its node: once found, a dead flag is a
     driver that died (SIGKILL), and the workers must stop without another checkpoint."""
@@ -45,6 +60,7 @@ def test_a_flag_that_died_means_the_driver_is_gone(cluster):
     assert poll() is False  # the poller now holds the actor's handle
     ray.kill(flag, no_restart=True)
     assert poll() is False  # at its own pace: not asked again yet
+    _wait_until_dead(flag)  # ray.kill returns before the actor is dead (a driver's death is past)
     with pytest.raises(DriverGoneError, match="driver is gone .* died"):
         poll.fresh()  # before a checkpoint: asked now
     deadline = time.monotonic() + 30
